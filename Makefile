@@ -1,0 +1,67 @@
+# rlsync: patch series, overlay and forked wheel for SGLang, plus the trainer library.
+# `make help` lists the targets.
+
+PYTHON   ?= python3
+RLSYNC   := PYTHONPATH=$(CURDIR)/python $(PYTHON) -m rlsync.cli
+VENV_PY  := .venv/bin/python
+SERIES   := $(shell sed -n 's/^series *= *//p' upstream.pin)
+VERSION  := $(shell sed -n 's/^version *= *//p' upstream.pin)
+WHEEL    := dist/sglang-$(VERSION)+rlsync.$(SERIES)-py3-none-any.whl
+PYTEST_ARGS ?=
+
+.PHONY: help upstream worktree patches overlay check apply revert pr-branch \
+        venv wheel install test demo format clean
+
+help:
+	@echo "make test                       venv + wheel + the whole suite (real SGLang on CPU)"
+	@echo "make demo                       two real servers, three two-phase syncs"
+	@echo "make upstream                   fetch + verify + unpack the pinned sdist (build/upstream/python)"
+	@echo "make worktree                   build/work: git repo at the pin, one commit per patch"
+	@echo "make patches                    re-export patches/ from build/work (deterministic)"
+	@echo "make overlay                    regenerate overlay/ from pristine + series"
+	@echo "make check                      fail on any drift between series, pristine and overlay"
+	@echo "make apply SGLANG_DIR=<tree>    apply the series to an SGLang 0.5.10 checkout"
+	@echo "make revert SGLANG_DIR=<tree>   remove it again"
+	@echo "make pr-branch SGLANG_DIR=<tree> branch with one commit per patch"
+	@echo "make wheel                      $(WHEEL)"
+
+upstream:
+	@$(RLSYNC) upstream
+
+worktree:
+	@$(RLSYNC) worktree
+
+patches:
+	@$(RLSYNC) patches
+
+overlay:
+	@$(RLSYNC) overlay
+
+check:
+	@$(RLSYNC) check
+
+apply revert pr-branch:
+	@test -n "$(SGLANG_DIR)" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }
+	@$(RLSYNC) $@ "$(SGLANG_DIR)"
+
+venv:
+	@PYTHON=$(PYTHON) tools/venv.sh
+
+wheel: venv check
+	@rm -rf dist build/wheel-src build/bdist* build/lib
+	@$(VENV_PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
+	@rm -rf *.egg-info python/*.egg-info
+	@ls dist/*.whl
+
+install: wheel
+	@$(VENV_PY) -m pip install --quiet --no-deps --force-reinstall $(WHEEL)
+
+test: install
+	@$(VENV_PY) -m pytest $(PYTEST_ARGS)
+
+format:
+	@$(VENV_PY) -m black python harness tests bench setup.py
+	@$(VENV_PY) -m isort --profile black python harness tests bench setup.py
+
+clean:
+	rm -rf build dist .pytest_cache

@@ -1,0 +1,195 @@
+"""Start the real SGLang server on a CPU-only machine (see CPU-SGLANG-RECIPE.md).
+
+No part of SGLang is replaced: a stub `libcuda.so.1` only lets the CUDA-linked
+kernel library load, and every process is upstream code (patched or pristine).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "build"
+PRISTINE_PYTHON = BUILD / "upstream" / "python"
+
+_STUB_HEADER = """\
+/* Generated: every CUDA driver entry point sgl_kernel links against, each
+ * answering CUDA_ERROR_NO_DEVICE, so the library loads without a driver. */
+"""
+
+
+def _undefined_cuda_symbols(libs: list[Path]) -> list[str]:
+    symbols: set[str] = set()
+    for lib in libs:
+        out = subprocess.run(
+            ["nm", "-D", "--undefined-only", str(lib)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        for line in out.splitlines():
+            name = line.split()[-1].split("@")[0]
+            if name.startswith("cu") and name[2:3].isupper():
+                symbols.add(name)
+    return sorted(symbols | {"cuInit", "cuDriverGetVersion", "cuDeviceGetCount"})
+
+
+def build_stub_libcuda(python: str = sys.executable) -> Path:
+    """Build build/stub-cuda/libcuda.so.1 from the installed kernel library."""
+    site = subprocess.run(
+        [python, "-c", "import importlib.util as u; print(u.find_spec('sgl_kernel').submodule_search_locations[0])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    libs = sorted(Path(site).rglob("*.so"))
+    symbols = _undefined_cuda_symbols(libs)
+    out_dir = BUILD / "stub-cuda"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = _STUB_HEADER + "".join(f"int {s}(void) {{ return 100; }}\n" for s in symbols)
+    c_file = out_dir / "stub.c"
+    so = out_dir / "libcuda.so.1"
+    if so.exists() and c_file.exists() and c_file.read_text() == source:
+        return out_dir
+    c_file.write_text(source)
+    subprocess.run(
+        ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(so), str(c_file)],
+        check=True,
+    )  # fmt: skip
+    return out_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env(stub_dir: Path, tp: int, pristine: bool = False) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        SGLANG_USE_CPU_ENGINE="1",
+        SGLANG_NCCL_SO_PATH="/nonexistent",
+        SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(tp)),
+        LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(stub_dir), env.get("LD_LIBRARY_PATH")])),
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )  # fmt: skip
+    if pristine:
+        # Upstream 0.5.10 from the same environment: the unpacked sdist shadows
+        # the installed (patched) package.
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(PRISTINE_PYTHON), env.get("PYTHONPATH")])
+        )
+    else:
+        env.pop("PYTHONPATH", None)
+    return env
+
+
+@dataclass
+class Server:
+    """A running SGLang server in its own process group."""
+
+    url: str
+    port: int
+    tp: int
+    pristine: bool
+    proc: subprocess.Popen
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        # Schedulers and the detokenizer share the group; make sure none stays.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def launch(
+    model_path: Path,
+    log_path: Path,
+    *,
+    tp: int = 1,
+    pristine: bool = False,
+    extra_args: list[str] | None = None,
+    python: str = sys.executable,
+    ready_timeout: float = 240.0,
+    env_overrides: dict[str, str] | None = None,
+) -> Server:
+    stub = build_stub_libcuda(python)
+    port = free_port()
+    args = [
+        python, "-m", "sglang.launch_server",
+        "--model-path", str(Path(model_path).resolve()),
+        "--device", "cpu", "--attention-backend", "torch_native",
+        "--disable-cuda-graph", "--host", "127.0.0.1", "--port", str(port),
+        "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
+        "--tp", str(tp), "--skip-server-warmup",
+        *(extra_args or []),
+    ]  # fmt: skip
+    env = server_env(stub, tp, pristine)
+    env.update(env_overrides or {})
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(BUILD),
+        start_new_session=True,
+    )  # fmt: skip
+    log.close()
+    server = Server(
+        url=f"http://127.0.0.1:{port}", port=port, tp=tp, pristine=pristine,
+        proc=proc, log_path=log_path, args=args,
+    )  # fmt: skip
+    try:
+        wait_healthy(server, ready_timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def wait_healthy(server: Server, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not server.alive():
+            raise RuntimeError(
+                f"SGLang server exited with {server.proc.returncode} while starting; "
+                f"log tail:\n{server.log()[-4000:]}"
+            )
+        try:
+            if requests.get(server.url + "/health", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(
+        f"SGLang server not healthy after {timeout}s; log tail:\n{server.log()[-4000:]}"
+    )

@@ -1,0 +1,94 @@
+"""The forked wheel: sglang <pin>+rlsync.<n> = pristine sdist + patch series,
+plus the trainer-side `rlsync` package.
+
+Build with `make wheel`. Install requirements are read from the pinned sdist's
+metadata, so they are exactly upstream's.
+"""
+
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from setuptools import find_namespace_packages, setup
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "python"))
+
+from rlsync.series import Layout, ensure_upstream, patched_tree  # noqa: E402
+
+_EXTRA = re.compile(r'\s*(?:and\s+)?extra == "([^"]+)"\s*')
+
+
+def upstream_requirements(pkg_info: Path):
+    install, extras = [], {}
+    for line in pkg_info.read_text().splitlines():
+        if not line.startswith("Requires-Dist: "):
+            continue
+        req, _, marker = line[len("Requires-Dist: ") :].partition(";")
+        found = _EXTRA.search(marker)
+        if not found:
+            install.append(line[len("Requires-Dist: ") :])
+            continue
+        rest = _EXTRA.sub(" ", marker).strip()
+        rest = re.sub(r"\s+and\s*$", "", rest).strip()
+        extras.setdefault(found.group(1), []).append(
+            f"{req.strip()}; {rest}" if rest else req.strip()
+        )
+    return install, extras
+
+
+def stage(layout: Layout) -> Path:
+    pristine = ensure_upstream(layout) / "python"
+    out = layout.build_dir / "wheel-src"
+    if out.exists():
+        shutil.rmtree(out)
+    shutil.copytree(pristine / "sglang", out / "sglang")
+    with tempfile.TemporaryDirectory() as tmp:
+        for rel in patched_tree(layout, Path(tmp)):
+            dst = out / Path(rel).relative_to("python")
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(tmp) / rel, dst)
+    version = layout.pin().local_version
+    (out / "sglang" / "_version.py").write_text(
+        f"__version__ = version = {version!r}\n"
+        f"__version_tuple__ = version_tuple = {tuple(re.split(r'[.+]', version))!r}\n"
+        "__commit_id__ = commit_id = None\n"
+    )
+    shutil.copytree(
+        ROOT / "python" / "rlsync", out / "rlsync",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )  # fmt: skip
+    return out
+
+
+layout = Layout(ROOT)
+pin = layout.pin()
+src = stage(layout)
+install_requires, extras_require = upstream_requirements(
+    layout.upstream_dir / "python" / "PKG-INFO"
+)
+# Upstream's pyproject finds namespace packages and ships every file in them.
+packages = find_namespace_packages(str(src), include=["sglang", "sglang.*", "rlsync"])
+
+setup(
+    name="sglang",
+    version=pin.local_version,
+    description=f"SGLang {pin.version} with the rlsync weight-update series",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    package_dir={"": str(src.relative_to(ROOT))},
+    packages=packages,
+    package_data={"sglang": ["**/*", "**/.*", "**/.*/**/*"]},
+    exclude_package_data={"": ["__pycache__/*", "*.pyc"]},
+    install_requires=install_requires,
+    extras_require=extras_require,
+    entry_points={
+        "console_scripts": [
+            "sglang = sglang.cli.main:main",
+            "killall_sglang = sglang.cli.killall:main",
+            "rlsync = rlsync.cli:main",
+        ]
+    },
+)
