@@ -1,0 +1,73 @@
+"""Fixtures: the real SGLang server (patched wheel or pristine sdist) on the CPU."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+from harness import cpu_sglang
+from harness.tiny_model import make_tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILD = ROOT / "build"
+LOGS = BUILD / "logs"
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Path:
+    return make_tiny_model(BUILD / "models", "test")
+
+
+@pytest.fixture(scope="session")
+def upstream_tree() -> Path:
+    """build/upstream (pristine sdist as python/), fetched once."""
+    from rlsync.series import Layout, ensure_upstream
+
+    return ensure_upstream(Layout(ROOT))
+
+
+def _start(request, tiny_model, tp, pristine, extra_args, env=None, name=None):
+    tag = name or re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
+    flavour = "pristine" if pristine else "patched"
+    log = LOGS / f"{tag}-{flavour}-tp{tp}-{next(_counter)}.log"
+    return cpu_sglang.launch(
+        tiny_model, log, tp=tp, pristine=pristine, extra_args=extra_args,
+        env_overrides=env,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def start_server(request, tiny_model, upstream_tree):
+    """Factory: start_server(tp=1, pristine=False, extra_args=[...]); all
+    servers it started are stopped (whole process group) at teardown."""
+    started: list[cpu_sglang.Server] = []
+
+    def start(tp: int = 1, pristine: bool = False, extra_args=None, env=None):
+        server = _start(request, tiny_model, tp, pristine, extra_args, env)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+def _session_server(request, tiny_model, tp):
+    server = _start(request, tiny_model, tp, False, [], name=f"session-tp{tp}")
+    request.addfinalizer(server.stop)
+    return server
+
+
+@pytest.fixture(scope="session")
+def server_tp1(request, tiny_model):
+    """A patched TP 1 server shared by tests that leave its weights as found."""
+    return _session_server(request, tiny_model, 1)
+
+
+@pytest.fixture(scope="session")
+def server_tp2(request, tiny_model):
+    return _session_server(request, tiny_model, 2)

@@ -1,0 +1,187 @@
+"""The patch series is the source of truth: drift between it, the pristine
+tree and the overlay is caught and names the file; export is deterministic."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlsync import series
+from rlsync.pin import Pin, PinError, read_pin, unpack_sdist
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def scratch(tmp_path, upstream_tree) -> series.Layout:
+    """A copy of this checkout's series and overlay, sharing build/upstream."""
+    root = tmp_path / "rlsync"
+    root.mkdir()
+    shutil.copy(ROOT / "upstream.pin", root)
+    shutil.copytree(ROOT / "patches", root / "patches")
+    shutil.copytree(ROOT / "overlay", root / "overlay")
+    (root / "build").mkdir()
+    (root / "build" / "upstream").symlink_to(upstream_tree)
+    return series.Layout(root)
+
+
+def run_check(layout: series.Layout) -> subprocess.CompletedProcess:
+    """`rlsync check`, the command behind `make check`."""
+    return subprocess.run(
+        [sys.executable, "-m", "rlsync.cli", "--root", str(layout.root), "check"],
+        capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "python"), "PATH": "/usr/bin:/bin"},
+    )  # fmt: skip
+
+
+def overlay_file(layout: series.Layout) -> Path:
+    rel = series.overlay_files(layout)[0]
+    return layout.overlay_dir / rel
+
+
+def test_make_check_passes_on_this_checkout():
+    proc = subprocess.run(["make", "-s", "check"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "overlay matches" in proc.stdout
+
+
+def test_series_is_not_empty_and_every_patch_is_linted_clean():
+    layout = series.Layout(ROOT)
+    patches = layout.patches()
+    assert patches, "patches/series lists no patch"
+    for patch in patches:
+        assert series.lint_patch(patch) == []
+
+
+def test_hand_edit_in_overlay_fails_check_naming_the_file(scratch):
+    path = overlay_file(scratch)
+    lines = path.read_text().splitlines(keepends=True)
+    lines[len(lines) // 2] = "# edited by hand\n"
+    path.write_text("".join(lines))
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    rel = path.relative_to(scratch.root).as_posix()
+    assert f"{rel}: differs from pristine + series" in proc.stderr
+    assert "+# edited by hand" in proc.stderr
+
+
+def test_one_byte_of_drift_is_caught(scratch):
+    path = overlay_file(scratch)
+    path.write_bytes(path.read_bytes() + b"\n")
+    assert run_check(scratch).returncode == 1
+
+
+def test_overlay_file_no_patch_touches_fails_check(scratch):
+    stray = scratch.overlay_dir / "python" / "sglang" / "srt" / "stray.py"
+    stray.write_text("x = 1\n")
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert "overlay/python/sglang/srt/stray.py: no patch touches this file" in proc.stderr
+
+
+def test_patch_touching_file_missing_from_overlay_fails_check(scratch):
+    path = overlay_file(scratch)
+    path.unlink()
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"{path.relative_to(scratch.root).as_posix()}: missing" in proc.stderr
+
+
+def test_patch_that_does_not_apply_fails_check_naming_it(scratch):
+    patch = scratch.patches()[0]
+    text = patch.read_text()
+    # Corrupt a context line of the first hunk.
+    head, hunk = text.split("\n@@ ", 1)
+    body = hunk.split("\n", 1)[1]
+    ctx = next(l for l in body.splitlines() if l.startswith(" ") and l.strip())
+    patch.write_text(head + "\n@@ " + hunk.replace(ctx, " " + ctx[1:] + "  # moved", 1))
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"{patch.name} does not apply cleanly" in proc.stderr
+
+
+def test_series_file_and_patch_files_must_agree(scratch):
+    (scratch.patches_dir / "9999-unlisted.patch").write_text("x\n")
+    proc = run_check(scratch)
+    assert "9999-unlisted.patch: not listed in" in proc.stderr
+    (scratch.patches_dir / "9999-unlisted.patch").unlink()
+    with open(scratch.series_file, "a") as f:
+        f.write("0042-gone.patch\n")
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert "lists 0042-gone.patch, which does not exist" in proc.stderr
+
+
+def test_patch_lint_requires_forwarded_line_and_full_index(scratch):
+    patch = scratch.patches()[0]
+    text = patch.read_text().replace("Forwarded: ", "Sent: ")
+    text = text.replace(text.split("index ", 1)[1][:81], "abc1234..def5678 100644", 1)
+    patch.write_text(text)
+    problems = series.lint_patch(patch)
+    assert any("Forwarded:" in p for p in problems)
+    assert any("abbreviated index" in p for p in problems)
+
+
+def test_overlay_regenerates_byte_identical(scratch):
+    before = {p: (scratch.overlay_dir / p).read_bytes() for p in series.overlay_files(scratch)}
+    shutil.rmtree(scratch.overlay_dir)
+    series.regenerate_overlay(scratch)
+    after = {p: (scratch.overlay_dir / p).read_bytes() for p in series.overlay_files(scratch)}
+    assert after == before
+
+
+def test_worktree_and_export_round_trip_byte_identical(scratch):
+    before = {p.name: p.read_bytes() for p in scratch.patches()}
+    series_before = scratch.series_file.read_bytes()
+    work = series.make_worktree(scratch)
+    log = series.git(work, "log", "--format=%s", "upstream..HEAD").stdout.split("\n")
+    assert len([s for s in log if s]) == len(before)
+    series.export_patches(scratch)
+    assert {p.name: p.read_bytes() for p in scratch.patches()} == before
+    assert scratch.series_file.read_bytes() == series_before
+
+
+def test_export_picks_up_a_new_commit(scratch):
+    work = series.make_worktree(scratch)
+    target = work / series.overlay_files(scratch)[0]
+    target.write_text(target.read_text() + "# new line\n")
+    series.git(work, "commit", "-qam", "demo: a new patch\n\nWhy.\n\nForwarded: no")
+    exported = series.export_patches(scratch)
+    assert exported[-1].name.endswith("-demo-a-new-patch.patch")
+    assert series.lint_patch(exported[-1]) == []
+    series.regenerate_overlay(scratch)
+    assert series.check(scratch) == []
+
+
+def test_export_refuses_uncommitted_changes(scratch):
+    work = series.make_worktree(scratch)
+    target = work / series.overlay_files(scratch)[0]
+    target.write_text(target.read_text() + "# dirty\n")
+    with pytest.raises(series.SeriesError, match="uncommitted changes"):
+        series.export_patches(scratch)
+
+
+def test_pin_names_the_pinned_release():
+    pin = read_pin(ROOT / "upstream.pin")
+    assert (pin.name, pin.version) == ("sglang", "0.5.10")
+    assert len(pin.sha256) == 64
+    assert pin.local_version == f"0.5.10+rlsync.{pin.series}"
+
+
+def test_sdist_hash_mismatch_stops_with_clear_error(tmp_path, upstream_tree):
+    from rlsync.pin import cache_dir
+
+    good = read_pin(ROOT / "upstream.pin")
+    sdist = cache_dir() / "sdist" / good.sha256 / good.sdist
+    bad = Pin(good.name, good.version, good.sdist, "0" * 64, good.series)
+    with pytest.raises(PinError, match=r"sha256 mismatch for sglang-0.5.10.tar.gz: pin says 0{64}"):
+        unpack_sdist(bad, sdist, tmp_path / "python")
+    assert not (tmp_path / "python").exists()
+
+
+def test_upstream_unpacks_sdist_as_python_folder(upstream_tree):
+    assert (upstream_tree / "python" / "sglang" / "srt" / "utils" / "watchdog.py").is_file()
+    assert (upstream_tree / "python" / "pyproject.toml").is_file()
