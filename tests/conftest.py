@@ -71,3 +71,19 @@ def server_tp1(request, tiny_model):
 @pytest.fixture(scope="session")
 def server_tp2(request, tiny_model):
     return _session_server(request, tiny_model, 2)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind():
+    """Every server (scheduler, detokenizer, TP ranks) is gone after the run."""
+    import psutil
+
+    yield
+    left = [
+        p for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        and "sglang" in " ".join(p.cmdline())
+    ]  # fmt: skip
+    for p in left:
+        p.kill()
+    assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
