@@ -153,6 +153,8 @@ def launch(
         "--disable-cuda-graph", "--host", "127.0.0.1", "--port", str(port),
         "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
         "--tp", str(tp), "--skip-server-warmup",
+        # Idle schedulers sleep instead of polling: 2 cores host several servers.
+        "--sleep-on-idle",
         *(extra_args or []),
     ]  # fmt: skip
     env = server_env(stub, tp, pristine)

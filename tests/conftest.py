@@ -56,8 +56,12 @@ def start_server(request, tiny_model, upstream_tree):
         server.stop()
 
 
+# A short soft watchdog on the shared servers: any false stall shows in the log.
+SESSION_ARGS = ["--soft-watchdog-timeout", "2"]
+
+
 def _session_server(request, tiny_model, tp):
-    server = _start(request, tiny_model, tp, False, [], name=f"session-tp{tp}")
+    server = _start(request, tiny_model, tp, False, SESSION_ARGS, name=f"session-tp{tp}")
     request.addfinalizer(server.stop)
     return server
 

@@ -68,7 +68,7 @@ def test_wheel_in_fresh_venv_layered_on_pinned_env(tmp_path):
     (Path(site) / "pinned-stack.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet",
-         "--no-deps", "--no-index", str(WHEEL)],
+         "--no-deps", "--no-index", "--ignore-installed", str(WHEEL)],
         check=True,
     )  # fmt: skip
     code = (

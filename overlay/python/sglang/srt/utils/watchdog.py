@@ -61,14 +61,12 @@ class _WatchdogReal(Watchdog):
     ):
         self._counter = 0
         self._active = True
-        # Depth of pause() calls: blocking weight updates may nest.
-        self._pause_depth = 0
         self._test_stuck_time = test_stuck_time
         self._test_stuck_triggered = False
         self._raw = WatchdogRaw(
             debug_name=debug_name,
             get_counter=lambda: self._counter,
-            is_active=lambda: self._active and self._pause_depth == 0,
+            is_active=lambda: self._active,
             watchdog_timeout=watchdog_timeout,
             soft=soft,
         )
@@ -104,12 +102,10 @@ class _WatchdogReal(Watchdog):
             self._active = True
 
     def pause(self):
-        """Stop counting while a known-blocking operation (a weight update) runs."""
-        self._pause_depth += 1
+        self._raw.pause()
 
     def resume(self):
-        """End one pause; the count restarts so it does not fire at once."""
-        self._pause_depth = max(0, self._pause_depth - 1)
+        self._raw.resume()
         self._counter += 1
 
 
@@ -133,10 +129,29 @@ class WatchdogRaw:
         self.watchdog_timeout = watchdog_timeout
         self.soft = soft
         self.dump_info = dump_info
+        # Blocking weight updates pause the watchdog; pauses may nest.
+        self._pause_lock = threading.Lock()
+        self._pause_depth = 0
+        self._resume_epoch = 0
 
         self.parent_process = psutil.Process().parent()
         t = threading.Thread(target=self._watchdog_thread, daemon=True)
         t.start()
+
+    def pause(self):
+        """Stop counting while a known-blocking operation (a weight update) runs."""
+        with self._pause_lock:
+            self._pause_depth += 1
+
+    def resume(self):
+        """End one pause; the timeout restarts from now instead of firing at once."""
+        with self._pause_lock:
+            self._pause_depth = max(0, self._pause_depth - 1)
+            self._resume_epoch += 1
+
+    @property
+    def paused(self) -> bool:
+        return self._pause_depth > 0
 
     def _watchdog_thread(self):
         try:
@@ -150,10 +165,14 @@ class WatchdogRaw:
     def _watchdog_once(self):
         watchdog_last_counter = 0
         watchdog_last_time = time.perf_counter()
+        last_resume_epoch = self._resume_epoch
 
         while True:
             current = time.perf_counter()
-            if self.is_active():
+            if self._resume_epoch != last_resume_epoch:
+                last_resume_epoch = self._resume_epoch
+                watchdog_last_time = current
+            if self.is_active() and not self.paused:
                 current_counter = self.get_counter()
                 if watchdog_last_counter == current_counter:
                     if current > watchdog_last_time + self.watchdog_timeout:

@@ -1,0 +1,162 @@
+"""Keep a server healthy while weights are updated, but not forever.
+
+Weight-update operations block the scheduler: group initialisation waits for
+the trainer to join, a distributed update waits for its bytes. Meanwhile the
+health check cannot generate a token and watchdogs see no progress, so
+orchestrators kill or drain a healthy server.
+
+- Tokenizer side: `WeightUpdateTracker` records the operations in flight (a
+  set, so overlapping operations and failures stay correct); `/health` and
+  `/health_generate` answer 200 at once while one runs and is younger than its
+  deadline, and 503 naming the operation once it is older.
+- Scheduler side: `pause_watchdogs_during_weight_update` pauses the scheduler's
+  watchdogs and tells the detokenizer to pause its own
+  (`WeightUpdatePauseReq` / `WeightUpdateResumeReq`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
+
+from fastapi import Response
+
+from sglang.srt.managers.io_struct import WeightUpdatePauseReq, WeightUpdateResumeReq
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+# Added to an operation's own timeout so that it can fail and report first.
+_TIMEOUT_GRACE_S = 10.0
+
+
+@dataclass
+class WeightUpdateOperation:
+    name: str
+    started: float
+    deadline: float
+
+    def age(self, now: float) -> float:
+        return now - self.started
+
+
+class WeightUpdateTracker:
+    def __init__(self, default_deadline: float):
+        self.default_deadline = default_deadline
+        self._operations: Dict[int, WeightUpdateOperation] = {}
+        self._ids = itertools.count()
+
+    def begin(self, name: str, timeout: Optional[float] = None) -> int:
+        deadline = (
+            self.default_deadline if timeout is None else timeout + _TIMEOUT_GRACE_S
+        )
+        op_id = next(self._ids)
+        self._operations[op_id] = WeightUpdateOperation(
+            name=name, started=time.monotonic(), deadline=deadline
+        )
+        return op_id
+
+    def end(self, op_id: int) -> None:
+        self._operations.pop(op_id, None)
+
+    @contextmanager
+    def track(self, name: str, timeout: Optional[float] = None) -> Iterator[None]:
+        op_id = self.begin(name, timeout)
+        try:
+            yield
+        finally:
+            self.end(op_id)
+
+    @property
+    def in_progress(self) -> bool:
+        return bool(self._operations)
+
+    def operations(self) -> List[WeightUpdateOperation]:
+        return list(self._operations.values())
+
+    def stuck(self) -> List[Tuple[WeightUpdateOperation, float]]:
+        now = time.monotonic()
+        return [
+            (op, op.age(now))
+            for op in self._operations.values()
+            if op.age(now) > op.deadline
+        ]
+
+
+def track_weight_update(name: str):
+    """Decorate a TokenizerManager method `(self, obj, request=None)`."""
+
+    def decorator(func):
+        @functools.wraps(func)
+        async def wrapper(self, *args, **kwargs):
+            tracker: Optional[WeightUpdateTracker] = getattr(
+                self, "weight_update_tracker", None
+            )
+            if tracker is None:
+                return await func(self, *args, **kwargs)
+            obj = args[0] if args else kwargs.get("obj")
+            with tracker.track(name, timeout=getattr(obj, "timeout", None)):
+                return await func(self, *args, **kwargs)
+
+        return wrapper
+
+    return decorator
+
+
+def weight_update_health_response(tokenizer_manager) -> Optional[Response]:
+    """The health answer while a weight update runs; None when none runs."""
+    tracker: Optional[WeightUpdateTracker] = getattr(
+        tokenizer_manager, "weight_update_tracker", None
+    )
+    if tracker is None or not tracker.in_progress:
+        return None
+    stuck = tracker.stuck()
+    if not stuck:
+        now = time.monotonic()
+        running = ", ".join(
+            f"{op.name} ({op.age(now):.1f}s)" for op in tracker.operations()
+        )
+        return Response(
+            content=f"weight update in progress: {running}", status_code=200
+        )
+    message = "; ".join(
+        f"weight update operation '{op.name}' has run for {age:.1f}s, "
+        f"past its deadline of {op.deadline:.1f}s"
+        for op, age in stuck
+    )
+    logger.error(f"Health check failed: {message}")
+    return Response(content=message, status_code=503)
+
+
+def pause_watchdogs_during_weight_update(func):
+    """Decorate a Scheduler handler that may block on a weight update."""
+
+    @functools.wraps(func)
+    def wrapper(self: Scheduler, recv_req):
+        watchdogs = [
+            w
+            for w in (
+                getattr(self, "watchdog", None),
+                getattr(self, "soft_watchdog", None),
+            )
+            if w is not None
+        ]
+        # Only the rank wired to the detokenizer really sends.
+        self.send_to_detokenizer.send_output(WeightUpdatePauseReq())
+        for watchdog in watchdogs:
+            watchdog.pause()
+        try:
+            return func(self, recv_req)
+        finally:
+            for watchdog in watchdogs:
+                watchdog.resume()
+            self.send_to_detokenizer.send_output(WeightUpdateResumeReq())
+
+    return wrapper

@@ -1,0 +1,205 @@
+"""Healthy while updating, but not forever (patches 0002, 0003), on the real
+server: health answers at once during a blocking weight operation, watchdogs
+stay quiet, overlapping and failing operations keep the state right, and a
+stuck operation turns the health check unhealthy, naming it."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import time
+from dataclasses import dataclass
+
+import pytest
+import requests
+
+from harness.cpu_sglang import Server, free_port
+from harness.trainer import GlooTrainer, dtype_name
+from rlsync import client
+from rlsync.group import join_update_group, leave_update_group
+
+pool = cf.ThreadPoolExecutor(max_workers=8)
+LATE_JOIN_S = 10.0
+
+
+@dataclass
+class Answer:
+    at: float
+    status: int | None  # None: no answer within the client timeout
+    seconds: float
+    body: str
+
+
+def health_generate(url: str, timeout: float) -> Answer:
+    t0 = time.monotonic()
+    try:
+        resp = requests.get(url + "/health_generate", timeout=timeout)
+        return Answer(t0, resp.status_code, time.monotonic() - t0, resp.text)
+    except requests.Timeout:
+        return Answer(t0, None, time.monotonic() - t0, "")
+
+
+def poll_until(url: str, end: float, timeout: float, every: float = 0.5) -> list[Answer]:
+    answers = []
+    while time.monotonic() < end:
+        tick = time.monotonic()
+        answers.append(health_generate(url, timeout))
+        time.sleep(max(0.0, every - (time.monotonic() - tick)))
+    return answers
+
+
+def wait_for_log(server: Server, needle: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if needle in server.log():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"{needle!r} not in {server.log_path} after {timeout}s")
+
+
+def start_init(server: Server, port: int, group: str, timeout: float | None = None):
+    """POST /init_weights_update_group in a thread; returns once the scheduler
+    is inside the blocking group initialisation (seen in its log)."""
+    kwargs = {"timeout": timeout} if timeout is not None else {}
+    payload = dict(
+        master_address="127.0.0.1", master_port=port, rank_offset=1,
+        world_size=1 + server.tp, group_name=group, backend="gloo", **kwargs,
+    )  # fmt: skip
+    fut = pool.submit(
+        requests.post, server.url + "/init_weights_update_group", json=payload, timeout=120
+    )
+    wait_for_log(server, f"master_port={port}")
+    return fut
+
+
+def generating_health(server: Server) -> Answer:
+    """A health check that takes the generation path (no update running)."""
+    answer = health_generate(server.url, timeout=30)
+    assert answer.status == 200 and answer.body == "", answer
+    return answer
+
+
+def late_trainer_scenario(server: Server, client_timeout: float):
+    port = free_port()
+    group = f"late_{port}"
+    fut = start_init(server, port, group)
+    answers = poll_until(server.url, time.monotonic() + LATE_JOIN_S, client_timeout)
+    pg = join_update_group("127.0.0.1", port, 1 + server.tp, group_name=group, timeout=60)
+    resp = fut.result(timeout=60)
+    return answers, pg, group, resp
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server_tp2):
+    server = server_tp1 if tp == 1 else server_tp2
+    log_start = len(server.log())
+    answers, pg, group, resp = late_trainer_scenario(server, client_timeout=1.0)
+    try:
+        assert resp.status_code == 200 and resp.json()["success"], resp.text
+        assert len(answers) >= LATE_JOIN_S / 0.5 - 2
+        bad = [a for a in answers if a.status != 200 or a.seconds > 1.0]
+        assert not bad, f"health not 200 within 1 s while the group initialised: {bad}"
+        assert all("init_weights_update_group" in a.body for a in answers)
+        assert "watchdog timeout" not in server.log()[log_start:]
+        # Afterwards: generation works and an update over the group succeeds.
+        out = requests.post(
+            server.url + "/generate",
+            json={"text": "abc", "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+            timeout=60,
+        )
+        assert out.status_code == 200 and len(out.json()["output_ids"]) == 4
+        name = "model.norm.weight"
+        current = client.get_weights_by_name(server.url, name, truncate_size=10**6)
+        import torch
+
+        tensor = torch.tensor(current, dtype=torch.bfloat16)
+        upd = pool.submit(
+            client.update_weights_from_distributed, server.url, names=[name],
+            dtypes=[dtype_name(tensor.dtype)], shapes=[list(tensor.shape)], group_name=group,
+        )  # fmt: skip
+        torch.distributed.broadcast(tensor, src=0, group=pg)
+        assert upd.result(timeout=60)["success"]
+        generating_health(server)
+    finally:
+        client.destroy_weights_update_group(server.url, group_name=group)
+        leave_update_group(pg)
+
+
+def test_late_trainer_fails_health_on_pristine_upstream(start_server):
+    """The same scenario on pristine 0.5.10: the health check is not answered
+    in time, so this test proves the fix above."""
+    server = start_server(tp=1, pristine=True, extra_args=["--soft-watchdog-timeout", "2"])
+    generating_health(server)  # control: idle, it answers (in about a second)
+    answers, pg, group, resp = late_trainer_scenario(server, client_timeout=3.0)
+    try:
+        assert resp.status_code == 200
+        assert answers and all(a.status != 200 for a in answers), answers
+    finally:
+        leave_update_group(pg)
+
+
+def test_overlapping_operations_keep_health_until_the_last_ends(server_tp1):
+    """Two group inits overlap: the first ends while the second still waits.
+    A flag cleared by the first finisher would fail this."""
+    server = server_tp1
+    port_a, port_b = free_port(), free_port()
+    fut_a = start_init(server, port_a, f"overlap_a_{port_a}")
+    # The second is queued behind the first in the tokenizer manager.
+    payload_b = dict(
+        master_address="127.0.0.1", master_port=port_b, rank_offset=1, world_size=2,
+        group_name=f"overlap_b_{port_b}", backend="gloo",
+    )  # fmt: skip
+    fut_b = pool.submit(
+        requests.post, server.url + "/init_weights_update_group", json=payload_b, timeout=120
+    )
+    first = poll_until(server.url, time.monotonic() + 2.0, timeout=1.0)
+    pg_a = join_update_group("127.0.0.1", port_a, 2, group_name=f"overlap_a_{port_a}")
+    assert fut_a.result(timeout=60).json()["success"]
+    wait_for_log(server, f"master_port={port_b}")
+    between = poll_until(server.url, time.monotonic() + 3.0, timeout=1.0)
+    pg_b = join_update_group("127.0.0.1", port_b, 2, group_name=f"overlap_b_{port_b}")
+    try:
+        assert fut_b.result(timeout=60).json()["success"]
+        for a in first + between:
+            assert a.status == 200 and a.seconds <= 1.0, a
+        assert all("init_weights_update_group" in a.body for a in between)
+        assert any(a.body.count("init_weights_update_group") == 2 for a in first)
+        generating_health(server)
+    finally:
+        for pg, port, tag in ((pg_a, port_a, "a"), (pg_b, port_b, "b")):
+            client.destroy_weights_update_group(server.url, group_name=f"overlap_{tag}_{port}")
+            leave_update_group(pg)
+
+
+def test_failing_operation_clears_the_state(server_tp1):
+    server = server_tp1
+    port = free_port()  # nobody listens: the trainer never comes
+    t0 = time.monotonic()
+    fut = start_init(server, port, f"unreachable_{port}", timeout=3)
+    during = health_generate(server.url, timeout=1.0)
+    resp = fut.result(timeout=60)
+    elapsed = time.monotonic() - t0
+    assert resp.status_code == 400 or not resp.json()["success"], resp.text
+    assert elapsed < 30, f"the 3 s timeout was not honoured ({elapsed:.0f}s)"
+    assert during.status == 200 and "init_weights_update_group" in during.body
+    generating_health(server)
+
+
+def test_hung_operation_past_deadline_turns_unhealthy_then_recovers(start_server):
+    server = start_server(tp=1, extra_args=["--weight-update-health-deadline", "3"])
+    port = free_port()
+    group = f"hung_{port}"
+    fut = start_init(server, port, group)
+    t0 = time.monotonic()
+    answers = poll_until(server.url, t0 + 7.0, timeout=1.0)
+    early = [a for a in answers if a.at - t0 < 2.0]
+    late = [a for a in answers if a.at - t0 > 4.5]
+    assert early and all(a.status == 200 for a in early), early
+    assert late and all(a.status == 503 for a in late), late
+    assert "'init_weights_update_group' has run for" in late[-1].body
+    assert "past its deadline of 3.0s" in late[-1].body
+    pg = join_update_group("127.0.0.1", port, 2, group_name=group)
+    try:
+        assert fut.result(timeout=60).json()["success"]
+        generating_health(server)
+    finally:
+        leave_update_group(pg)

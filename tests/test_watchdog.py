@@ -1,0 +1,93 @@
+"""Watchdog pause/resume (patch 0001) with the real watchdog thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from sglang.srt.utils.watchdog import Watchdog
+
+TIMEOUT = 0.4
+
+
+class FireLog(logging.Handler):
+    """Collects the times at which a named watchdog reports a timeout."""
+
+    def __init__(self, name: str):
+        super().__init__(logging.ERROR)
+        self.name_ = name
+        self.times: list[float] = []
+        self.fired = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith(f"{self.name_} watchdog timeout"):
+            self.times.append(time.monotonic())
+            self.fired.set()
+
+
+@pytest.fixture
+def watchdog(request):
+    name = f"T{request.node.name}"
+    log = FireLog(name)
+    logger = logging.getLogger("sglang.srt.utils.watchdog")
+    logger.addHandler(log)
+    wd = Watchdog.create(debug_name=name, watchdog_timeout=TIMEOUT, soft=True)
+    yield wd, log
+    logger.removeHandler(log)
+    wd.pause()  # the daemon thread stays; keep it quiet for the other tests
+
+
+def starve_past_timeout() -> None:
+    # Not synchronisation: the behaviour under test is what happens when the
+    # watched loop makes no progress for longer than the timeout.
+    time.sleep(TIMEOUT * 4)
+
+
+def test_unfed_watchdog_fires(watchdog):
+    wd, log = watchdog
+    assert log.fired.wait(TIMEOUT * 10), "control: an unfed soft watchdog must fire"
+
+
+def test_paused_past_timeout_does_not_fire(watchdog):
+    wd, log = watchdog
+    wd.pause()
+    starve_past_timeout()
+    assert log.times == []
+
+
+def test_resumed_and_starved_fires_but_not_at_once(watchdog):
+    wd, log = watchdog
+    wd.pause()
+    starve_past_timeout()
+    resumed = time.monotonic()
+    wd.resume()
+    assert log.fired.wait(TIMEOUT * 10), "resumed and starved: must fire"
+    assert log.times[0] - resumed >= TIMEOUT * 0.9, "fired as soon as it resumed"
+
+
+def test_nested_pauses_hold_until_the_last_resume(watchdog):
+    wd, log = watchdog
+    wd.pause()
+    wd.pause()
+    wd.resume()
+    starve_past_timeout()
+    assert log.times == [], "one resume of two pauses must keep it paused"
+    wd.resume()
+    assert log.fired.wait(TIMEOUT * 10)
+
+
+def test_extra_resume_is_harmless_and_does_not_leave_it_paused(watchdog):
+    wd, log = watchdog
+    wd.resume()
+    wd.resume()
+    assert log.fired.wait(TIMEOUT * 10)
+
+
+def test_noop_watchdog_has_pause_and_resume():
+    wd = Watchdog.create(debug_name="noop", watchdog_timeout=None)
+    wd.pause()
+    wd.resume()
