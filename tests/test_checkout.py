@@ -104,23 +104,28 @@ def test_version_of_a_bare_clone_comes_from_the_tag(tree):
 
 
 def test_conflicting_hunk_changes_nothing(tree):
-    # Rewrite every line that a hunk removes or keeps as context: nothing can apply.
-    target = tree / touched()[-1]
-    original = (LAYOUT.upstream_dir / touched()[-1]).read_text().splitlines(keepends=True)
+    # Break a file of the last patch: the earlier patches would apply, so a
+    # half-applied tree would show; nothing may change.
+    last = LAYOUT.patches()[-1]
+    rel = next(f for f in series.touched_files(last) if (LAYOUT.upstream_dir / f).is_file())
+    target = tree / rel
+    original = (LAYOUT.upstream_dir / rel).read_text().splitlines(keepends=True)
     target.write_text("".join(l.replace("self", "this") for l in original))
     sh(tree, "commit", "-qam", "local rewrite")
-    before = {rel: (tree / rel).read_bytes() for rel in touched()}
+    existing = [rel for rel in touched() if (tree / rel).is_file()]
+    before = {rel: (tree / rel).read_bytes() for rel in existing}
     proc = make("apply", tree)
     assert proc.returncode != 0
     assert "nothing was changed" in proc.stderr
     assert status(tree) == ""
-    assert {rel: (tree / rel).read_bytes() for rel in touched()} == before
+    assert {rel: (tree / rel).read_bytes() for rel in existing} == before
+    assert all((tree / rel).is_file() == (rel in existing) for rel in touched())
     assert sh(tree, "worktree", "list").count("\n") == 1, "scratch worktree left behind"
 
 
 def test_unrelated_local_edits_survive(tree):
     (tree / "README.md").write_text("SGLang with local notes\n")
-    target = tree / touched()[0]
+    target = tree / series.touched_files(LAYOUT.patches()[0])[0]
     target.write_text(target.read_text() + "# local edit at the end\n")
     proc = make("apply", tree)
     assert proc.returncode == 0, proc.stderr
@@ -129,8 +134,8 @@ def test_unrelated_local_edits_survive(tree):
 
 
 def test_three_way_apply_merges_a_committed_change_next_to_a_hunk(tree):
-    rel = touched()[0]
-    patch_text = LAYOUT.patches()[0].read_text()
+    rel = series.touched_files(LAYOUT.patches()[0])[0]
+    patch_text = LAYOUT.patches()[0].read_text().split("\ndiff --git ")[1]
     hunk = patch_text.split("\n@@ ", 1)[1].split("\n", 1)[1]
     ctx = next(l[1:] for l in hunk.splitlines() if l.startswith(" ") and l.strip())
     target = tree / rel
