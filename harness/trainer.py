@@ -70,3 +70,45 @@ class GlooTrainer:
             except client.EngineError:
                 pass
         dist.destroy_process_group(self.group)
+
+
+def update_two_phase(
+    trainer: "GlooTrainer",
+    named: list[tuple[str, torch.Tensor]],
+    *,
+    load_format: str | None = "flattened_bucket",
+    bucket_bytes: int = 1 << 20,
+    digests: bool = True,
+    weight_version: str | None = None,
+    apply: bool = True,
+    between_buckets=None,
+) -> list[dict]:
+    """prepare on every server, broadcast every bucket right after "ready"
+    (no sleep), complete on every server: two HTTP calls per server."""
+    from rlsync.digest import digest_tensors
+    from rlsync.planner import plan_buckets
+
+    buckets = plan_buckets(named, bucket_bytes)
+    meta = [b.meta(digest_tensors(b.tensors) if digests else None) for b in buckets]
+    for url in trainer.urls:
+        client.prepare_weights_update(
+            url, meta, group_name=trainer.group_name, load_format=load_format,
+            weight_version=weight_version, admin_key=trainer.admin_key,
+        )  # fmt: skip
+    for i, bucket in enumerate(buckets):
+        if load_format == "flattened_bucket":
+            flat = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in bucket.tensors])
+            dist.broadcast(flat, src=0, group=trainer.group)
+        else:
+            for t in bucket.tensors:
+                dist.broadcast(t.contiguous(), src=0, group=trainer.group)
+        if between_buckets is not None:
+            between_buckets(i)
+    futures = [
+        _pool.submit(
+            client.complete_weights_update, url, group_name=trainer.group_name,
+            apply=apply, admin_key=trainer.admin_key,
+        )  # fmt: skip
+        for url in trainer.urls
+    ]
+    return [f.result() for f in futures]

@@ -180,3 +180,67 @@ def health(url: str, *, generate: bool = False, timeout: float = 10.0) -> int:
         return httpx.get(url.rstrip("/") + endpoint, timeout=timeout).status_code
     except httpx.HTTPError:
         return 0
+
+
+# --- two-phase update (rlsync series) --------------------------------------
+
+
+def prepare_weights_update(
+    url: str,
+    buckets: Sequence[dict[str, Any]],
+    *,
+    group_name: str = "weight_update_group",
+    load_format: Optional[str] = None,
+    weight_version: Optional[str] = None,
+    timeout: float = 120.0,
+    admin_key: Optional[str] = None,
+) -> dict[str, Any]:
+    """Answers once the server's receiver runs: broadcast right after."""
+    assert buckets, "an update needs at least one bucket"
+    payload: dict[str, Any] = dict(
+        num_buckets=len(buckets), buckets=list(buckets), group_name=group_name,
+        load_format=load_format,
+    )  # fmt: skip
+    if weight_version is not None:
+        payload["weight_version"] = weight_version
+    endpoint = "/prepare_weights_update"
+    body = call(url, endpoint, payload, timeout=timeout, admin_key=admin_key)
+    if not isinstance(body, dict) or body.get("status") != "ready":
+        raise EngineError(url, endpoint, 200, _message(body))
+    return body
+
+
+def complete_weights_update(
+    url: str,
+    *,
+    group_name: str = "weight_update_group",
+    flush_cache: bool = False,
+    weight_version: Optional[str] = None,
+    apply: bool = True,
+    wait_timeout: Optional[float] = None,
+    drain: bool = False,
+    timeout: float = 600.0,
+    admin_key: Optional[str] = None,
+) -> dict[str, Any]:
+    payload: dict[str, Any] = dict(
+        group_name=group_name, flush_cache=flush_cache, apply=apply, drain=drain
+    )
+    if weight_version is not None:
+        payload["weight_version"] = weight_version
+    if wait_timeout is not None:
+        payload["timeout"] = wait_timeout
+    endpoint = "/complete_weights_update"
+    body = call(url, endpoint, payload, timeout=timeout, admin_key=admin_key)
+    return _ok(url, endpoint, body)
+
+
+def abort_weights_update(
+    url: str,
+    *,
+    group_name: str = "weight_update_group",
+    timeout: float = 60.0,
+    admin_key: Optional[str] = None,
+) -> dict[str, Any]:
+    endpoint = "/abort_weights_update"
+    body = call(url, endpoint, {"group_name": group_name}, timeout=timeout, admin_key=admin_key)
+    return _ok(url, endpoint, body)

@@ -382,6 +382,7 @@ class ServerArgs:
     watchdog_timeout: float = 300
     soft_watchdog_timeout: Optional[float] = None
     weight_update_health_deadline: float = 600
+    weight_update_staging_budget_mb: Optional[float] = None
     dist_timeout: Optional[int] = None  # timeout for torch.distributed
     download_dir: Optional[str] = None
     model_checksum: Optional[str] = None
@@ -4194,6 +4195,12 @@ class ServerArgs:
             type=float,
             default=ServerArgs.weight_update_health_deadline,
             help="While a weight update runs, /health and /health_generate answer 200 at once; past this many seconds (or the operation's own timeout) they report it as stuck with 503.",
+        )
+        parser.add_argument(
+            "--weight-update-staging-budget-mb",
+            type=float,
+            default=ServerArgs.weight_update_staging_budget_mb,
+            help="Largest staging a two-phase weight update (/prepare_weights_update) may allocate per TP rank, in MiB. Default: no limit (a full copy of the weights sent).",
         )
         parser.add_argument(
             "--dist-timeout",

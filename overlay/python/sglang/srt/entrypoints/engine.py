@@ -59,7 +59,9 @@ from sglang.srt.managers.data_parallel_controller import (
 )
 from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 from sglang.srt.managers.io_struct import (
+    AbortWeightsUpdateReqInput,
     CloseSessionReqInput,
+    CompleteWeightsUpdateReqInput,
     DestroyWeightsUpdateGroupReqInput,
     EmbeddingReqInput,
     GenerateReqInput,
@@ -69,6 +71,7 @@ from sglang.srt.managers.io_struct import (
     LoadLoRAAdapterReqInput,
     MultimodalDataInputFormat,
     OpenSessionReqInput,
+    PrepareWeightsUpdateReqInput,
     ReleaseMemoryOccupationReqInput,
     ResumeMemoryOccupationReqInput,
     RpcReqInput,
@@ -83,6 +86,9 @@ from sglang.srt.managers.multi_tokenizer_mixin import MultiTokenizerRouter
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.managers.template_manager import TemplateManager
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
+    two_phase_response_content,
+)
 from sglang.srt.observability.trace import process_tracing_init, trace_set_thread_info
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils import (
@@ -900,6 +906,58 @@ class Engine(EngineScoreMixin, EngineBase):
         return self.loop.run_until_complete(
             self.tokenizer_manager.update_weights_from_distributed(obj, None)
         )
+
+    def prepare_weights_update(
+        self,
+        num_buckets: int,
+        buckets: List[Dict[str, Any]],
+        group_name: str = "weight_update_group",
+        load_format: Optional[str] = None,
+        weight_version: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """Two-phase update, phase 1: validate, stage and start receiving."""
+        obj = PrepareWeightsUpdateReqInput(
+            num_buckets=num_buckets,
+            buckets=buckets,
+            group_name=group_name,
+            load_format=load_format,
+            weight_version=weight_version,
+        )
+        result = self.loop.run_until_complete(
+            self.tokenizer_manager.prepare_weights_update(obj, None)
+        )
+        return two_phase_response_content(result)
+
+    def complete_weights_update(
+        self,
+        group_name: str = "weight_update_group",
+        flush_cache: bool = False,
+        weight_version: Optional[str] = None,
+        apply: bool = True,
+        timeout: Optional[float] = None,
+    ) -> Dict[str, Any]:
+        """Two-phase update, phase 2: wait for every bucket, verify, apply."""
+        obj = CompleteWeightsUpdateReqInput(
+            group_name=group_name,
+            flush_cache=flush_cache,
+            weight_version=weight_version,
+            apply=apply,
+            timeout=timeout,
+        )
+        result = self.loop.run_until_complete(
+            self.tokenizer_manager.complete_weights_update(obj, None)
+        )
+        return two_phase_response_content(result)
+
+    def abort_weights_update(
+        self, group_name: str = "weight_update_group"
+    ) -> Dict[str, Any]:
+        """Discard an open two-phase update; the served weights are untouched."""
+        obj = AbortWeightsUpdateReqInput(group_name=group_name)
+        result = self.loop.run_until_complete(
+            self.tokenizer_manager.abort_weights_update(obj, None)
+        )
+        return two_phase_response_content(result)
 
     def update_weights_from_tensor(
         self,

@@ -110,9 +110,11 @@ from sglang.srt.environ import envs
 from sglang.srt.function_call.function_call_parser import FunctionCallParser
 from sglang.srt.managers.io_struct import (
     AbortReq,
+    AbortWeightsUpdateReqInput,
     AttachHiCacheStorageReqInput,
     CheckWeightsReqInput,
     CloseSessionReqInput,
+    CompleteWeightsUpdateReqInput,
     ConfigureLoggingReq,
     ContinueGenerationReqInput,
     DestroyWeightsUpdateGroupReqInput,
@@ -127,6 +129,7 @@ from sglang.srt.managers.io_struct import (
     OpenSessionReqInput,
     ParseFunctionCallReq,
     PauseGenerationReqInput,
+    PrepareWeightsUpdateReqInput,
     ProfileReqInput,
     ReleaseMemoryOccupationReqInput,
     ResumeMemoryOccupationReqInput,
@@ -152,6 +155,9 @@ from sglang.srt.managers.multi_tokenizer_mixin import (
 )
 from sglang.srt.managers.template_manager import TemplateManager
 from sglang.srt.managers.tokenizer_manager import ServerStatus, TokenizerManager
+from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
+    two_phase_response_content,
+)
 from sglang.srt.managers.weight_update_health import weight_update_health_response
 from sglang.srt.observability.func_timer import enable_func_timer
 from sglang.srt.observability.trace import (
@@ -1108,6 +1114,34 @@ async def update_weights_from_distributed(
         return ORJSONResponse(content, status_code=200)
     else:
         return ORJSONResponse(content, status_code=HTTPStatus.BAD_REQUEST)
+
+
+@app.post("/prepare_weights_update")
+@auth_level(AuthLevel.ADMIN_OPTIONAL)
+async def prepare_weights_update(obj: PrepareWeightsUpdateReqInput, request: Request):
+    """Two-phase update, phase 1: validate all bucket metadata, stage, and start
+    receiving; answers "ready" once the receiver runs."""
+    result = await _global_state.tokenizer_manager.prepare_weights_update(obj, request)
+    content = two_phase_response_content(result)
+    return ORJSONResponse(content, status_code=result.status_code)
+
+
+@app.post("/complete_weights_update")
+@auth_level(AuthLevel.ADMIN_OPTIONAL)
+async def complete_weights_update(obj: CompleteWeightsUpdateReqInput, request: Request):
+    """Two-phase update, phase 2: wait for every bucket, verify, then apply."""
+    result = await _global_state.tokenizer_manager.complete_weights_update(obj, request)
+    content = two_phase_response_content(result)
+    return ORJSONResponse(content, status_code=result.status_code)
+
+
+@app.post("/abort_weights_update")
+@auth_level(AuthLevel.ADMIN_OPTIONAL)
+async def abort_weights_update(obj: AbortWeightsUpdateReqInput, request: Request):
+    """Discard an open two-phase update; the served weights are untouched."""
+    result = await _global_state.tokenizer_manager.abort_weights_update(obj, request)
+    content = two_phase_response_content(result)
+    return ORJSONResponse(content, status_code=result.status_code)
 
 
 @app.post("/update_weights_from_ipc")

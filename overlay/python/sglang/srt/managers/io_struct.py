@@ -1398,6 +1398,73 @@ class InitWeightsUpdateGroupReqOutput(BaseReq):
 
 
 @dataclass
+class PrepareWeightsUpdateReqInput(BaseReq):
+    # Metadata of every bucket of the update: names, dtypes, shapes and an
+    # optional sender digest ("wsum64:..."), validated before any byte moves
+    num_buckets: int
+    buckets: List[Dict[str, Any]]
+    # The update group, initialised by /init_weights_update_group
+    group_name: str = "weight_update_group"
+    # None: one broadcast per tensor; "flattened_bucket": one per bucket
+    load_format: Optional[str] = None
+    # Optional: the version the weights get once applied
+    weight_version: Optional[str] = None
+
+
+@dataclass
+class PrepareWeightsUpdateReqOutput(BaseReq):
+    status: str
+    message: str
+    status_code: int = 200
+    num_bytes: int = 0
+    staging_reused: bool = False
+
+
+@dataclass
+class CompleteWeightsUpdateReqInput(BaseReq):
+    group_name: str = "weight_update_group"
+    flush_cache: bool = False
+    weight_version: Optional[str] = None
+    # False: wait and verify only; a later complete applies, abort discards
+    apply: bool = True
+    # Seconds to wait for the last bucket (None: 300)
+    timeout: Optional[float] = None
+    # Wait for in-flight requests to finish before applying (upstream's
+    # update_weights_from_distributed semantics); default applies in place
+    drain: bool = False
+    # Free the staging buffers afterwards instead of keeping them for the next update
+    release_staging: bool = False
+
+
+@dataclass
+class CompleteWeightsUpdateReqOutput(BaseReq):
+    success: bool
+    num_buckets_received: int = 0
+    message: str = ""
+    status_code: int = 200
+    ready_to_apply: bool = False
+    applied: bool = False
+    # Whether a session is still open (verified, or waiting after a timeout)
+    session_open: bool = False
+    stats: Dict[str, Any] = field(default_factory=dict)
+    rank_results: List[Dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class AbortWeightsUpdateReqInput(BaseReq):
+    group_name: str = "weight_update_group"
+
+
+@dataclass
+class AbortWeightsUpdateReqOutput(BaseReq):
+    success: bool
+    message: str
+    status_code: int = 200
+    # False: the group was left mid-collective; re-initialise it
+    group_usable: bool = True
+
+
+@dataclass
 class DestroyWeightsUpdateGroupReqInput(BaseReq):
     group_name: str = "weight_update_group"
 

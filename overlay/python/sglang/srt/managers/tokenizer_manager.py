@@ -78,6 +78,9 @@ from sglang.srt.managers.tokenizer_communicator_mixin import TokenizerCommunicat
 from sglang.srt.managers.tokenizer_manager_score_mixin import (
     TokenizerManagerScoreMixin,
 )
+from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
+    TokenizerTwoPhaseUpdateMixin,
+)
 from sglang.srt.managers.weight_update_health import (
     WeightUpdateTracker,
     track_weight_update,
@@ -179,7 +182,11 @@ class InputFormat(Enum):
     CROSS_ENCODER_PAIRS = 3  # Cross-encoder pairs like [["query", "document"]]
 
 
-class TokenizerManager(TokenizerCommunicatorMixin, TokenizerManagerScoreMixin):
+class TokenizerManager(
+    TokenizerCommunicatorMixin,
+    TokenizerManagerScoreMixin,
+    TokenizerTwoPhaseUpdateMixin,
+):
     """TokenizerManager is a process that tokenizes the text."""
 
     def __init__(
@@ -479,6 +486,7 @@ class TokenizerManager(TokenizerCommunicatorMixin, TokenizerManagerScoreMixin):
             ]
         )
         self.init_communicators(self.server_args)
+        self.init_two_phase_update_communicators(self.server_args)
 
         self.sampling_params_class = SamplingParams
         self.signal_handler_class = SignalHandler

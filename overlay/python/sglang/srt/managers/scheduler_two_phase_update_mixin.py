@@ -1,0 +1,349 @@
+"""Two-phase weight update on the scheduler: prepare, complete, abort.
+
+`prepare` validates the whole update, stages buffers and starts the receiver
+(`StagedWeightReceiver`, its own thread) before it answers, so the trainer can
+broadcast at once: the race of the single-phase path is gone. Serving goes on
+during the transfer. `complete` waits for the receiver, verifies every bucket
+on every TP rank, and only then applies, in one step between two batches: a
+failed, short or corrupted update leaves the old weights serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+import torch
+
+from sglang.srt.managers.io_struct import (
+    AbortWeightsUpdateReqInput,
+    AbortWeightsUpdateReqOutput,
+    CompleteWeightsUpdateReqInput,
+    CompleteWeightsUpdateReqOutput,
+    PrepareWeightsUpdateReqInput,
+    PrepareWeightsUpdateReqOutput,
+)
+from sglang.srt.managers.weight_update_health import (
+    pause_watchdogs_during_weight_update,
+)
+from sglang.srt.weight_sync.staged_receiver import (
+    StagedWeightReceiver,
+    StagingPool,
+    WeightsUpdateError,
+    parse_buckets,
+)
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COMPLETE_TIMEOUT = 300.0
+
+
+@dataclass
+class _Session:
+    group_name: str
+    receiver: StagedWeightReceiver
+    verified: bool = False
+    started: float = 0.0
+
+
+def _known_name_checker(model) -> Optional[Callable[[str], bool]]:
+    """Names the model's loader accepts, where the model can tell: models that
+    declare `stacked_params_mapping` (Llama and its kin). Others accept any
+    name here and their loader decides."""
+    mapping = getattr(model, "stacked_params_mapping", None)
+    if mapping is None:
+        return None
+    params = {name for name, _ in model.named_parameters()}
+
+    def is_known(name: str) -> bool:
+        if name in params:
+            return True
+        for entry in mapping:
+            param_name, weight_name = entry[0], entry[1]
+            if weight_name in name and name.replace(weight_name, param_name) in params:
+                return True
+        return False
+
+    return is_known
+
+
+class SchedulerTwoPhaseUpdateMixin:
+    """Handlers for PrepareWeightsUpdateReqInput, CompleteWeightsUpdateReqInput
+    and AbortWeightsUpdateReqInput; every TP rank runs them in the same loop
+    iteration, and answers are gathered over the TP CPU group."""
+
+    _two_phase_session: Optional[_Session] = None
+    _two_phase_pool: Optional[StagingPool] = None
+
+    def _gather_rank_results(self: Scheduler, result: Dict[str, Any]) -> List[Dict]:
+        result = {"rank": self.tp_rank, **result}
+        if self.tp_size == 1:
+            return [result]
+        gathered: List[Optional[Dict]] = [None] * self.tp_size
+        torch.distributed.all_gather_object(gathered, result, group=self.tp_cpu_group)
+        return gathered
+
+    def _end_two_phase_session(self: Scheduler, release: bool) -> None:
+        self._two_phase_session = None
+        if release and self._two_phase_pool is not None:
+            self._two_phase_pool.release()
+
+    def prepare_weights_update(
+        self: Scheduler, recv_req: PrepareWeightsUpdateReqInput
+    ) -> PrepareWeightsUpdateReqOutput:
+        model_runner = self.tp_worker.model_runner
+        receiver = None
+        try:
+            if self._two_phase_session is not None:
+                raise WeightsUpdateError(
+                    f"a weight update session is already open for group "
+                    f"'{self._two_phase_session.group_name}'; complete or abort it first",
+                    status_code=409,
+                )
+            group = model_runner._model_update_group.get(recv_req.group_name)
+            if group is None:
+                raise WeightsUpdateError(
+                    f"group_name: no update group '{recv_req.group_name}' on this "
+                    f"server; call /init_weights_update_group first"
+                )
+            buckets = parse_buckets(
+                recv_req.num_buckets,
+                recv_req.buckets,
+                recv_req.load_format,
+                _known_name_checker(model_runner.model),
+            )
+            total = sum(b.nbytes for b in buckets)
+            budget = self.server_args.weight_update_staging_budget_mb
+            if budget is not None and total > budget * 2**20:
+                raise WeightsUpdateError(
+                    f"buckets: staging needs {total / 2**20:.1f} MiB, more than the "
+                    f"--weight-update-staging-budget-mb of {budget} MiB",
+                    status_code=413,
+                )
+            if self._two_phase_pool is None:
+                self._two_phase_pool = StagingPool(model_runner.device)
+            receiver = StagedWeightReceiver(
+                buckets, group, self._two_phase_pool, recv_req.load_format
+            )
+            local = {"success": True, "message": "", "status_code": 200}
+        except WeightsUpdateError as e:
+            local = {"success": False, "message": str(e), "status_code": e.status_code}
+        except Exception as e:
+            logger.exception("prepare_weights_update failed")
+            local = {"success": False, "message": str(e), "status_code": 500}
+
+        results = self._gather_rank_results(local)
+        failed = [r for r in results if not r["success"]]
+        if failed:
+            # Nothing has moved yet: the trainer broadcasts only after "ready".
+            if receiver is not None and self._two_phase_session is None:
+                self._two_phase_pool.release()
+            return PrepareWeightsUpdateReqOutput(
+                status="error",
+                message=_join_messages(failed, self.tp_size),
+                status_code=failed[0]["status_code"],
+            )
+        receiver.start()
+        self._two_phase_session = _Session(
+            recv_req.group_name, receiver, started=time.perf_counter()
+        )
+        return PrepareWeightsUpdateReqOutput(
+            status="ready",
+            message="",
+            num_bytes=receiver.total_bytes,
+            staging_reused=receiver.stats.staging_reused,
+        )
+
+    @pause_watchdogs_during_weight_update
+    def complete_weights_update(
+        self: Scheduler, recv_req: CompleteWeightsUpdateReqInput
+    ) -> CompleteWeightsUpdateReqOutput:
+        output = self._complete_weights_update(recv_req)
+        output.session_open = self._two_phase_session is not None
+        return output
+
+    def _complete_weights_update(
+        self: Scheduler, recv_req: CompleteWeightsUpdateReqInput
+    ) -> CompleteWeightsUpdateReqOutput:
+        session = self._two_phase_session
+        if session is None:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message="no weight update session is open; call "
+                "/prepare_weights_update first",
+                status_code=409,
+            )
+        if session.group_name != recv_req.group_name:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message=f"group_name: the open session is for group "
+                f"'{session.group_name}', not '{recv_req.group_name}'",
+                status_code=400,
+            )
+        receiver = session.receiver
+        stats: Dict[str, Any] = {}
+
+        # 1. Wait for every bucket and verify it, on every rank.
+        t0 = time.perf_counter()
+        timeout = recv_req.timeout or DEFAULT_COMPLETE_TIMEOUT
+        local = {"success": True, "message": "", "timed_out": False}
+        if not session.verified:
+            if not receiver.wait(timeout):
+                local = {
+                    "success": False,
+                    "timed_out": True,
+                    "message": f"timed out after {timeout:.0f}s with "
+                    f"{receiver.stats.buckets_received} of {len(receiver.buckets)} "
+                    f"buckets received; complete again or abort",
+                }
+            elif not receiver.complete:
+                local = {
+                    "success": False,
+                    "timed_out": False,
+                    "message": f"receive failed after {receiver.stats.buckets_received} "
+                    f"of {len(receiver.buckets)} buckets: {receiver.error}",
+                }
+            else:
+                receiver.synchronize()
+                t1 = time.perf_counter()
+                errors = receiver.verify()
+                stats["verify_seconds"] = time.perf_counter() - t1
+                if errors:
+                    local = {
+                        "success": False,
+                        "timed_out": False,
+                        "message": "verification failed, nothing applied: "
+                        + "; ".join(errors),
+                    }
+        stats["wait_seconds"] = time.perf_counter() - t0
+        stats.update(
+            bytes_received=receiver.stats.bytes_received,
+            receive_seconds=receiver.stats.receive_seconds,
+            staging_reused=receiver.stats.staging_reused,
+        )
+        local["buckets"] = receiver.stats.buckets_received
+        results = self._gather_rank_results(local)
+        num_received = min(r["buckets"] for r in results)
+        failed = [r for r in results if not r["success"]]
+        if failed:
+            if not all(r.get("timed_out") for r in failed):
+                # A broken or corrupted transfer: discard it, old weights stay.
+                self._discard_two_phase_session(session)
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                num_buckets_received=num_received,
+                message=_join_messages(failed, self.tp_size),
+                status_code=400,
+                stats=stats,
+                rank_results=_rank_summary(results),
+            )
+        session.verified = True
+        if not recv_req.apply:
+            return CompleteWeightsUpdateReqOutput(
+                success=True,
+                num_buckets_received=num_received,
+                message="received and verified; not applied (apply=false)",
+                ready_to_apply=True,
+                stats=stats,
+                rank_results=_rank_summary(results),
+            )
+
+        # 2. Apply, in one step between two batches, on every rank.
+        t2 = time.perf_counter()
+        try:
+            if torch.cuda.is_available() and receiver.buffer.is_cuda:
+                torch.cuda.current_stream().synchronize()
+            self.tp_worker.model_runner.model.load_weights(receiver.named_tensors())
+            if recv_req.flush_cache:
+                assert self.flush_cache(), "Cache flush failed after updating weights"
+            local = {"success": True, "message": ""}
+        except Exception as e:
+            logger.exception("complete_weights_update: apply failed")
+            local = {
+                "success": False,
+                "message": f"apply failed: {e}; the weights may be partially "
+                f"updated, reload them",
+            }
+        stats["apply_seconds"] = time.perf_counter() - t2
+        results = self._gather_rank_results(local)
+        failed = [r for r in results if not r["success"]]
+        self._end_two_phase_session(release=recv_req.release_staging)
+        return CompleteWeightsUpdateReqOutput(
+            success=not failed,
+            num_buckets_received=num_received,
+            message=(
+                _join_messages(failed, self.tp_size)
+                if failed
+                else f"applied {num_received} buckets"
+            ),
+            status_code=500 if failed else 200,
+            ready_to_apply=False,
+            applied=not failed,
+            stats=stats,
+            rank_results=_rank_summary(results),
+        )
+
+    def _discard_two_phase_session(self: Scheduler, session: _Session) -> bool:
+        """Stop the receiver, drop a group left mid-collective, free staging."""
+        usable = session.receiver.abort()
+        if not usable:
+            group = self.tp_worker.model_runner._model_update_group.pop(
+                session.group_name, None
+            )
+            if group is not None:
+                try:
+                    torch.distributed.destroy_process_group(group)
+                except Exception as e:
+                    logger.warning(f"destroying group {session.group_name}: {e}")
+        self._end_two_phase_session(release=True)
+        return usable
+
+    def abort_weights_update(
+        self: Scheduler, recv_req: AbortWeightsUpdateReqInput
+    ) -> AbortWeightsUpdateReqOutput:
+        session = self._two_phase_session
+        if session is None:
+            return AbortWeightsUpdateReqOutput(
+                success=False,
+                message="no weight update session is open; nothing to abort",
+                status_code=409,
+            )
+        if session.group_name != recv_req.group_name:
+            return AbortWeightsUpdateReqOutput(
+                success=False,
+                message=f"group_name: the open session is for group "
+                f"'{session.group_name}', not '{recv_req.group_name}'",
+                status_code=400,
+            )
+        usable = self._discard_two_phase_session(session)
+        results = self._gather_rank_results({"success": True, "usable": usable})
+        usable = all(r["usable"] for r in results)
+        message = "aborted; the served weights are unchanged"
+        if not usable:
+            message += (
+                f"; group '{session.group_name}' was left mid-transfer and was "
+                f"destroyed: call /init_weights_update_group again"
+            )
+        return AbortWeightsUpdateReqOutput(
+            success=True, message=message, group_usable=usable
+        )
+
+
+def _join_messages(failed: List[Dict], tp_size: int) -> str:
+    messages = sorted({r["message"] for r in failed})
+    if tp_size == 1:
+        return messages[0]
+    ranks = ",".join(str(r["rank"]) for r in failed)
+    return f"rank(s) {ranks}: " + " | ".join(messages)
+
+
+def _rank_summary(results: List[Dict]) -> List[Dict[str, Any]]:
+    return [
+        {"rank": r["rank"], "success": r["success"], "message": r["message"]}
+        for r in results
+    ]

@@ -1,0 +1,144 @@
+"""Two-phase weight update on the tokenizer manager.
+
+Locking: the transfer does not block generation (prepare only starts the
+receiver). `complete` applies between two batches without waiting for
+in-flight requests: they continue on the new weights with their KV cache, as
+after `/pause_generation` in `in_place` mode; the weights never change during
+a forward pass. `drain=true` gives upstream's `update_weights_from_distributed`
+semantics instead (in-flight requests finish first, new ones wait).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, Any, Dict, Optional, Union
+
+import fastapi
+
+from sglang.srt.managers.io_struct import (
+    AbortWeightsUpdateReqInput,
+    AbortWeightsUpdateReqOutput,
+    CompleteWeightsUpdateReqInput,
+    CompleteWeightsUpdateReqOutput,
+    PrepareWeightsUpdateReqInput,
+    PrepareWeightsUpdateReqOutput,
+)
+from sglang.srt.managers.weight_update_health import track_weight_update
+from sglang.srt.server_args import ServerArgs
+from sglang.utils import TypeBasedDispatcher
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+
+class TokenizerTwoPhaseUpdateMixin:
+    def init_two_phase_update_communicators(
+        self: TokenizerManager, server_args: ServerArgs
+    ):
+        from sglang.srt.managers.tokenizer_communicator_mixin import _Communicator
+
+        self.prepare_weights_update_communicator = _Communicator(
+            self.send_to_scheduler, server_args.dp_size
+        )
+        self.complete_weights_update_communicator = _Communicator(
+            self.send_to_scheduler, server_args.dp_size
+        )
+        self.abort_weights_update_communicator = _Communicator(
+            self.send_to_scheduler, server_args.dp_size
+        )
+        # group_name -> (weight_version from prepare, health-tracker id)
+        self._two_phase_sessions: Dict[str, tuple] = {}
+        self._result_dispatcher += TypeBasedDispatcher(
+            [
+                (
+                    PrepareWeightsUpdateReqOutput,
+                    self.prepare_weights_update_communicator.handle_recv,
+                ),
+                (
+                    CompleteWeightsUpdateReqOutput,
+                    self.complete_weights_update_communicator.handle_recv,
+                ),
+                (
+                    AbortWeightsUpdateReqOutput,
+                    self.abort_weights_update_communicator.handle_recv,
+                ),
+            ]
+        )
+
+    def _check_two_phase_supported(self: TokenizerManager):
+        assert (
+            self.server_args.dp_size == 1
+        ), "dp_size must be 1 for the two-phase weight update"
+
+    def _end_two_phase_session(self: TokenizerManager, group_name: str) -> None:
+        session = self._two_phase_sessions.pop(group_name, None)
+        if session is not None:
+            self.weight_update_tracker.end(session[1])
+
+    @track_weight_update("prepare_weights_update")
+    async def prepare_weights_update(
+        self: TokenizerManager,
+        obj: PrepareWeightsUpdateReqInput,
+        request: Optional[fastapi.Request] = None,
+    ) -> PrepareWeightsUpdateReqOutput:
+        self.auto_create_handle_loop()
+        self._check_two_phase_supported()
+        result = (await self.prepare_weights_update_communicator(obj))[0]
+        if result.status == "ready":
+            # prepare -> complete counts as one operation for the health check.
+            op_id = self.weight_update_tracker.begin("two_phase_weight_update")
+            self._two_phase_sessions[obj.group_name] = (obj.weight_version, op_id)
+        return result
+
+    @track_weight_update("complete_weights_update")
+    async def complete_weights_update(
+        self: TokenizerManager,
+        obj: CompleteWeightsUpdateReqInput,
+        request: Optional[fastapi.Request] = None,
+    ) -> CompleteWeightsUpdateReqOutput:
+        self.auto_create_handle_loop()
+        self._check_two_phase_supported()
+        lock_context = nullcontext()
+        if obj.apply and obj.drain:
+            async with self.is_pause_cond:
+                if not self.is_pause:
+                    lock_context = self.model_update_lock.writer_lock
+        async with lock_context:
+            result = (await self.complete_weights_update_communicator(obj))[0]
+
+        session = self._two_phase_sessions.get(obj.group_name)
+        if result.applied:
+            version = obj.weight_version or (session[0] if session else None)
+            self._update_weight_version_if_provided(version)
+            if version is not None:
+                result.message += f" Weight version updated to {version}."
+        if not result.session_open:
+            self._end_two_phase_session(obj.group_name)
+        return result
+
+    async def abort_weights_update(
+        self: TokenizerManager,
+        obj: AbortWeightsUpdateReqInput,
+        request: Optional[fastapi.Request] = None,
+    ) -> AbortWeightsUpdateReqOutput:
+        self.auto_create_handle_loop()
+        self._check_two_phase_supported()
+        result = (await self.abort_weights_update_communicator(obj))[0]
+        if result.success:
+            self._end_two_phase_session(obj.group_name)
+        return result
+
+
+def two_phase_response_content(
+    output: Union[
+        PrepareWeightsUpdateReqOutput,
+        CompleteWeightsUpdateReqOutput,
+        AbortWeightsUpdateReqOutput,
+    ],
+) -> Dict[str, Any]:
+    """The JSON answer: the output's fields less routing and the HTTP status."""
+    content = dataclasses.asdict(output)
+    for key in ("rid", "http_worker_ipc", "status_code", "session_open"):
+        content.pop(key, None)
+    return content

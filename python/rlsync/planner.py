@@ -1,0 +1,56 @@
+"""Plan buckets: named tensors under a byte budget, in seed 000's shape."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Optional
+
+import torch
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass
+class Bucket:
+    """Tensors sent together; `meta()` is what /prepare_weights_update takes."""
+
+    names: list[str] = field(default_factory=list)
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    nbytes: int = 0
+
+    def meta(self, digest: Optional[str] = None) -> dict:
+        meta = {
+            "names": list(self.names),
+            "dtypes": [dtype_name(t.dtype) for t in self.tensors],
+            "shapes": [list(t.shape) for t in self.tensors],
+        }
+        if digest is not None:
+            meta["digest"] = digest
+        return meta
+
+
+def plan_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> list[Bucket]:
+    """Greedy and deterministic: order is kept, every tensor appears once, no
+    bucket exceeds `bucket_bytes` unless one tensor alone does (then it gets a
+    bucket of its own)."""
+    assert bucket_bytes > 0, f"bucket_bytes must be > 0, got {bucket_bytes}"
+    buckets: list[Bucket] = []
+    current = Bucket()
+    seen: set[str] = set()
+    for name, tensor in named_tensors:
+        assert name not in seen, f"duplicate tensor name {name!r}"
+        seen.add(name)
+        size = tensor.numel() * tensor.element_size()
+        if current.names and current.nbytes + size > bucket_bytes:
+            buckets.append(current)
+            current = Bucket()
+        current.names.append(name)
+        current.tensors.append(tensor)
+        current.nbytes += size
+    if current.names:
+        buckets.append(current)
+    return buckets
