@@ -57,7 +57,7 @@ def start_server(request, tiny_model, upstream_tree):
 
 
 # A short soft watchdog on the shared servers: any false stall shows in the log.
-SESSION_ARGS = ["--soft-watchdog-timeout", "2"]
+SESSION_ARGS = ["--soft-watchdog-timeout", "2", "--weight-update-staging-budget-mb", "64"]
 
 
 def _session_server(request, tiny_model, tp):
@@ -91,3 +91,11 @@ def no_process_left_behind():
     for p in left:
         p.kill()
     assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
+
+
+@pytest.fixture(scope="session")
+def model_weights(tiny_model):
+    """The served model's tensors, in checkpoint (HF) names and order."""
+    from safetensors.torch import load_file
+
+    return list(load_file(str(tiny_model / "model.safetensors")).items())

@@ -79,6 +79,9 @@ class SchedulerTwoPhaseUpdateMixin:
 
     _two_phase_session: Optional[_Session] = None
     _two_phase_pool: Optional[StagingPool] = None
+    # Groups dropped with a receive still posted: freeing one joins its
+    # worker threads, which block until the peer sends or goes away.
+    _abandoned_update_groups: Optional[List] = None
 
     def _gather_rank_results(self: Scheduler, result: Dict[str, Any]) -> List[Dict]:
         result = {"rank": self.tp_rank, **result}
@@ -291,15 +294,21 @@ class SchedulerTwoPhaseUpdateMixin:
     def _discard_two_phase_session(self: Scheduler, session: _Session) -> bool:
         """Stop the receiver, drop a group left mid-collective, free staging."""
         usable = session.receiver.abort()
+        abandoned = [
+            (g, w)
+            for g, w in self._abandoned_update_groups or []
+            if not w.is_completed()
+        ]
         if not usable:
             group = self.tp_worker.model_runner._model_update_group.pop(
                 session.group_name, None
             )
             if group is not None:
-                try:
-                    torch.distributed.destroy_process_group(group)
-                except Exception as e:
-                    logger.warning(f"destroying group {session.group_name}: {e}")
+                # Unregister the name so the group can be initialised again,
+                # but keep the object alive until its receive ends.
+                torch.distributed.destroy_process_group(group)
+                abandoned.append((group, session.receiver.pending_work))
+        self._abandoned_update_groups = abandoned
         self._end_two_phase_session(release=True)
         return usable
 

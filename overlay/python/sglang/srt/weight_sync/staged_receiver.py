@@ -287,7 +287,8 @@ class StagedWeightReceiver:
         self._abort = threading.Event()
         self._done = threading.Event()
         self._started = threading.Event()
-        self._pending_work = False
+        # A collective posted and not finished; the group is unusable while set.
+        self.pending_work: Optional[dist.Work] = None
         self._stream = (
             torch.cuda.Stream(device=pool.device)
             if pool.device.type == "cuda"
@@ -317,7 +318,7 @@ class StagedWeightReceiver:
         left half-received on it)."""
         self._abort.set()
         self._done.wait(timeout)
-        return self._done.is_set() and not self._pending_work
+        return self._done.is_set() and self.pending_work is None
 
     @property
     def complete(self) -> bool:
@@ -413,7 +414,7 @@ class StagedWeightReceiver:
             self.error = "aborted"
             return False
         work = dist.broadcast(tensor, src=self.src, group=self.group, async_op=True)
-        self._pending_work = True
+        self.pending_work = work
         while True:
             if tensor.is_cuda:
                 if work.is_completed():
@@ -431,5 +432,5 @@ class StagedWeightReceiver:
                 return False
         if tensor.is_cuda:
             work.wait()
-        self._pending_work = False
+        self.pending_work = None
         return True
