@@ -1,0 +1,96 @@
+"""Sender and receiver agree on bucket digests; the digest catches what it
+must; the planner keeps its promises; the receive module imports only torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlsync.digest import digest_bytes, digest_tensors
+from rlsync.planner import plan_buckets
+from sglang.srt.weight_sync.staged_receiver import bucket_digest
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 4096, 1_000_003])
+def test_trainer_and_server_digests_agree(n):
+    data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    assert digest_bytes(data) == bucket_digest(data)
+
+
+def test_digest_catches_every_single_flipped_byte_position_sampled():
+    data = torch.randint(0, 256, (10_001,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    ref = digest_bytes(data)
+    for pos in list(range(0, 10_001, 97)) + [10_000]:
+        for bit in (0, 7):
+            flipped = data.clone()
+            flipped[pos] ^= 1 << bit
+            assert digest_bytes(flipped) != ref, (pos, bit)
+
+
+def test_digest_catches_swapped_words_and_swapped_buckets():
+    gen = torch.Generator().manual_seed(2)
+    a = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=gen)
+    b = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=gen)
+    assert digest_bytes(a) != digest_bytes(b)
+    swapped = a.clone()
+    swapped[:8], swapped[8:16] = a[8:16].clone(), a[:8].clone()
+    assert digest_bytes(swapped) != digest_bytes(a)
+
+
+def test_digest_of_tensors_is_the_flattened_layout():
+    ts = [torch.randn(3, 5).to(torch.bfloat16), torch.randn(7), torch.arange(3, dtype=torch.int64)]
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in ts])
+    assert digest_tensors(ts) == bucket_digest(flat)
+
+
+def named(sizes):
+    return [(f"t{i}", torch.empty(s, dtype=torch.uint8)) for i, s in enumerate(sizes)]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_planner_properties(seed):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 5000, (50,), generator=gen).tolist()
+    budget = int(torch.randint(500, 8000, (1,), generator=gen))
+    buckets = plan_buckets(named(sizes), budget)
+    flat = [n for b in buckets for n in b.names]
+    assert flat == [f"t{i}" for i in range(len(sizes))], "order kept, each once"
+    for b in buckets:
+        assert b.nbytes == sum(t.numel() for t in b.tensors)
+        assert b.nbytes <= budget or len(b.names) == 1, "over budget only alone"
+    assert plan_buckets(named(sizes), budget)[0].names == buckets[0].names  # deterministic
+
+
+def test_planner_gives_an_oversized_tensor_its_own_bucket():
+    buckets = plan_buckets(named([10, 10, 1000, 10]), 100)
+    assert [b.names for b in buckets] == [["t0", "t1"], ["t2"], ["t3"]]
+
+
+def test_planner_rejects_duplicates_and_bad_budget():
+    with pytest.raises(AssertionError, match="duplicate"):
+        plan_buckets([("a", torch.empty(1)), ("a", torch.empty(1))], 10)
+    with pytest.raises(AssertionError, match="bucket_bytes"):
+        plan_buckets([], 0)
+
+
+def test_receive_module_imports_only_torch():
+    """Loaded by file path with sglang unimportable: the GPU benchmark does this."""
+    spec = importlib.util.find_spec("sglang.srt.weight_sync.staged_receiver")
+    code = (
+        "import sys, importlib.util\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'sglang': raise ImportError('sglang blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"s = importlib.util.spec_from_file_location('staged_receiver', {spec.origin!r})\n"
+        "m = importlib.util.module_from_spec(s); sys.modules['staged_receiver'] = m\n"
+        "s.loader.exec_module(m)\n"
+        "print(m.StagedWeightReceiver.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "StagedWeightReceiver"
