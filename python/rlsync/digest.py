@@ -13,34 +13,42 @@ from __future__ import annotations
 import torch
 
 ALGORITHM = "wsum64"
-_CHUNK = 1 << 24  # words per step: bounds the temporary index tensor
+_COLS = 64  # words are summed as a [rows, 64] matrix: two plain reductions
 
 
 def digest_bytes(data: torch.Tensor) -> str:
     """Digest of a 1-D contiguous uint8 tensor on any device."""
     assert data.dtype == torch.uint8 and data.dim() == 1, "need 1-D uint8 bytes"
     assert data.is_contiguous(), "bytes must be contiguous"
+    dev = data.device
     n = data.numel()
     full = n // 8 * 8
     words = data[:full].view(torch.int64)
-    s1 = torch.zeros((), dtype=torch.int64, device=data.device)
-    s2 = torch.zeros((), dtype=torch.int64, device=data.device)
-    for lo in range(0, words.numel(), _CHUNK):
-        part = words[lo : lo + _CHUNK]
-        pos = torch.arange(lo + 1, lo + 1 + part.numel(), dtype=torch.int64, device=data.device)
-        s1 += part.sum()
-        s2 += (part * pos).sum()
+    # Word i = r * 64 + c: sum((i + 1) * w_i) = 64 * sum(r * R_r) + sum((c + 1) * C_c)
+    # with R and C the row and column sums, so the big array is only summed.
+    m = words.numel() // _COLS * _COLS
+    mat = words[:m].view(-1, _COLS)
+    rows, cols = mat.sum(dim=1), mat.sum(dim=0)
+    r = torch.arange(rows.numel(), dtype=torch.int64, device=dev)
+    c = torch.arange(1, _COLS + 1, dtype=torch.int64, device=dev)
+    s1 = rows.sum()
+    s2 = (rows * r).sum() * _COLS + (cols * c).sum()
+    rest = words[m:]
     if full < n:
-        padded = torch.zeros(8, dtype=torch.uint8, device=data.device)
+        padded = torch.zeros(8, dtype=torch.uint8, device=dev)
         padded[: n - full] = data[full:]
-        last = padded.view(torch.int64)[0]
-        s1 += last
-        s2 += last * (full // 8 + 1)
+        rest = torch.cat([rest, padded.view(torch.int64)])
+    if rest.numel():
+        pos = torch.arange(m + 1, m + 1 + rest.numel(), dtype=torch.int64, device=dev)
+        s1 = s1 + rest.sum()
+        s2 = s2 + (rest * pos).sum()
     mask = (1 << 64) - 1
     return f"{ALGORITHM}:{s1.item() & mask:016x}:{s2.item() & mask:016x}"
 
 
 def digest_tensors(tensors: list[torch.Tensor]) -> str:
     """Digest of tensors packed back to back (the flattened-bucket layout)."""
-    flat = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+    flat = torch.cat(
+        [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
+    )
     return digest_bytes(flat)

@@ -213,9 +213,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 }
             else:
                 receiver.synchronize()
-                t1 = time.perf_counter()
                 errors = receiver.verify()
-                stats["verify_seconds"] = time.perf_counter() - t1
                 if errors:
                     local = {
                         "success": False,
@@ -227,6 +225,7 @@ class SchedulerTwoPhaseUpdateMixin:
         stats.update(
             bytes_received=receiver.stats.bytes_received,
             receive_seconds=receiver.stats.receive_seconds,
+            verify_seconds=receiver.stats.verify_seconds,
             staging_reused=receiver.stats.staging_reused,
         )
         local["buckets"] = receiver.stats.buckets_received

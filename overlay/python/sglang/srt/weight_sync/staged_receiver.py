@@ -174,7 +174,7 @@ def parse_buckets(
 # flipped byte always changes s1; reordered words or a bucket delivered in
 # another's place change s2.
 
-_WSUM_CHUNK_WORDS = 1 << 24
+_WSUM_COLS = 64
 _DIGEST_RE = re.compile(r"^wsum64:[0-9a-f]{16}:[0-9a-f]{16}$")
 
 
@@ -188,24 +188,31 @@ def check_digest_format(digest: Any, where: str) -> None:
 def bucket_digest(data: torch.Tensor) -> str:
     """Digest of a contiguous uint8 tensor (any device)."""
     assert data.dtype == torch.uint8 and data.dim() == 1
+    device = data.device
     n = data.numel()
     whole = n - n % 8
-    s1 = torch.zeros((), dtype=torch.int64, device=data.device)
-    s2 = torch.zeros((), dtype=torch.int64, device=data.device)
-    words = data[:whole].view(torch.int64) if whole else data[:0].view(torch.int64)
-    for start in range(0, words.numel(), _WSUM_CHUNK_WORDS):
-        chunk = words[start : start + _WSUM_CHUNK_WORDS]
-        idx = torch.arange(
-            start + 1, start + 1 + chunk.numel(), dtype=torch.int64, device=data.device
-        )
-        s1 += chunk.sum()
-        s2 += (chunk * idx).sum()
+    words = data[:whole].view(torch.int64)
+    # With word i = r * 64 + c, sum((i + 1) * w_i) is
+    # 64 * sum(r * row_sum_r) + sum((c + 1) * col_sum_c): only plain
+    # reductions touch the whole bucket.
+    m = words.numel() - words.numel() % _WSUM_COLS
+    matrix = words[:m].view(-1, _WSUM_COLS)
+    row_sums, col_sums = matrix.sum(dim=1), matrix.sum(dim=0)
+    rows = torch.arange(row_sums.numel(), dtype=torch.int64, device=device)
+    cols = torch.arange(1, _WSUM_COLS + 1, dtype=torch.int64, device=device)
+    s1 = row_sums.sum()
+    s2 = (row_sums * rows).sum() * _WSUM_COLS + (col_sums * cols).sum()
+    tail = words[m:]
     if whole != n:
-        tail = torch.zeros(8, dtype=torch.uint8, device=data.device)
-        tail[: n - whole] = data[whole:]
-        word = tail.view(torch.int64)[0]
-        s1 += word
-        s2 += word * (whole // 8 + 1)
+        last = torch.zeros(8, dtype=torch.uint8, device=device)
+        last[: n - whole] = data[whole:]
+        tail = torch.cat([tail, last.view(torch.int64)])
+    if tail.numel():
+        index = torch.arange(
+            m + 1, m + 1 + tail.numel(), dtype=torch.int64, device=device
+        )
+        s1 = s1 + tail.sum()
+        s2 = s2 + (tail * index).sum()
     return f"{DIGEST_ALGORITHM}:{_hex64(s1.item())}:{_hex64(s2.item())}"
 
 
@@ -256,6 +263,7 @@ class ReceiveStats:
     bytes_received: int = 0
     buckets_received: int = 0
     receive_seconds: float = 0.0
+    verify_seconds: float = 0.0
     staging_reused: bool = False
 
 
@@ -284,6 +292,7 @@ class StagedWeightReceiver:
             self._bucket_offsets.append(offset)
             offset += bucket.nbytes
         self.error: Optional[str] = None
+        self.digest_errors: List[str] = []
         self._abort = threading.Event()
         self._done = threading.Event()
         self._started = threading.Event()
@@ -335,18 +344,18 @@ class StagedWeightReceiver:
         return self.buffer[start : start + self.buckets[index].nbytes]
 
     def verify(self) -> List[str]:
-        """Every received bucket against its sender digest; one error each."""
-        errors = []
-        for bucket in self.buckets:
-            if bucket.digest is None:
-                continue
-            got = bucket_digest(self.bucket_bytes(bucket.index))
-            if got != bucket.digest:
-                errors.append(
-                    f"bucket {bucket.index} ({bucket.tensors[0].name}, ...): digest "
-                    f"{got} does not match the sender's {bucket.digest}"
-                )
-        return errors
+        """Buckets whose bytes did not match the sender digest; one error each."""
+        return list(self.digest_errors)
+
+    def _check_digest(self, bucket: BucketSpec) -> None:
+        if bucket.digest is None:
+            return
+        got = bucket_digest(self.bucket_bytes(bucket.index))
+        if got != bucket.digest:
+            self.digest_errors.append(
+                f"bucket {bucket.index} ({bucket.tensors[0].name}, ...): digest "
+                f"{got} does not match the sender's {bucket.digest}"
+            )
 
     def named_tensors(self) -> Iterator[Tuple[str, torch.Tensor]]:
         """Views into staging (a copy only where a dtype is misaligned)."""
@@ -393,6 +402,10 @@ class StagedWeightReceiver:
                 for spec in bucket.tensors:
                     if not self._receive_tensor(region, spec):
                         return
+            # Verify here, off the scheduler thread, while later buckets fly.
+            t0 = time.perf_counter()
+            self._check_digest(bucket)
+            self.stats.verify_seconds += time.perf_counter() - t0
             self.stats.buckets_received += 1
             self.stats.bytes_received += bucket.nbytes
 

@@ -1,0 +1,309 @@
+"""CPU benchmark of one full weight sync into a real SGLang server over gloo.
+
+In one run, on one >= 500 MB model:
+  (a) raw gloo broadcast of the same bucket bytes to a bare receiver process;
+  (b) upstream 0.5.10's single-phase path as a well-written trainer drives it
+      (per bucket: the HTTP call in a thread, then the broadcast);
+  (c) ours: prepare, broadcast every bucket, complete (2 HTTP calls),
+      without and with sender digests.
+Each is timed end to end, first sync and steady state apart, and (b) and (c)
+run under a serving load to measure the stall they cause: the larger of the
+longest gap between tokens of streams in flight and the extra time to first
+token of requests issued during the update, each against the same load with
+no update. Results: bench/results/cpu-<date>.json.
+
+    .venv/bin/python bench/cpu_sync.py [--steady 3] [--bucket-mb 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "python")]
+
+import requests  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from harness.cpu_sglang import free_port, launch  # noqa: E402
+from harness.tiny_model import make_tiny_model  # noqa: E402
+from rlsync import client  # noqa: E402
+from rlsync.digest import digest_bytes  # noqa: E402
+from rlsync.group import join_update_group, leave_update_group  # noqa: E402
+from rlsync.planner import dtype_name, plan_buckets  # noqa: E402
+
+pool = cf.ThreadPoolExecutor(8)
+
+
+# --- raw receiver (a) --------------------------------------------------------
+
+
+def _raw_receiver(port: int, sizes: list[int], rounds: int) -> None:
+    pg = join_update_group("127.0.0.1", port, 2, rank=1, group_name="raw")
+    bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
+    for _ in range(rounds):
+        for buf in bufs:
+            dist.broadcast(buf, src=0, group=pg)
+    leave_update_group(pg)
+
+
+def bench_raw(flats: list[torch.Tensor], rounds: int) -> list[float]:
+    port = free_port()
+    proc = mp.get_context("spawn").Process(
+        target=_raw_receiver, args=(port, [f.numel() for f in flats], rounds)
+    )
+    proc.start()
+    pg = join_update_group("127.0.0.1", port, 2, group_name="raw")
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for flat in flats:
+            dist.broadcast(flat, src=0, group=pg)
+        times.append(time.perf_counter() - t0)
+    proc.join(60)
+    leave_update_group(pg)
+    return times
+
+
+# --- serving load --------------------------------------------------------------
+
+
+class Load:
+    """Two streams always in flight plus a new short request every 0.25 s."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.stop = threading.Event()
+        self.tokens: list[list[float]] = []  # per stream: token arrival times
+        self.ttft: list[tuple[float, float]] = []  # (issued, seconds to first token)
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._streams) for _ in range(2)]
+        self.threads.append(threading.Thread(target=self._probes))
+
+    def _stream(self, max_new: int, record: bool = False) -> tuple[float, list[float]]:
+        t0 = time.monotonic()
+        times: list[float] = []
+        if record:  # visible while in flight, not only once finished
+            self.tokens.append(times)
+        with requests.post(
+            self.url + "/generate",
+            json={"text": "load", "stream": True,
+                  "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}},
+            stream=True, timeout=600,
+        ) as resp:  # fmt: skip
+            for line in resp.iter_lines():
+                if line.startswith(b"data:") and line != b"data: [DONE]":
+                    times.append(time.monotonic())
+        return t0, times
+
+    def _streams(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self._stream(24, record=True)
+        except Exception as e:  # a dropped request is a finding, not noise
+            self.errors.append(repr(e))
+
+    def _probes(self) -> None:
+        try:
+            while not self.stop.is_set():
+                t0, times = self._stream(2)
+                if times:
+                    self.ttft.append((t0, times[0] - t0))
+                self.stop.wait(0.25)
+        except Exception as e:
+            self.errors.append(repr(e))
+
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        time.sleep(2.0)  # let the load reach its steady state
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join(600)
+
+    def stall_in(self, start: float, end: float) -> dict:
+        gaps = [
+            b - a
+            for times in self.tokens
+            for a, b in zip(times, times[1:])
+            if b >= start and a <= end
+        ]
+        ttfts = [s for t0, s in self.ttft if start <= t0 <= end]
+        return {"max_gap": max(gaps, default=0.0), "max_ttft": max(ttfts, default=0.0)}
+
+
+def stall_of(load_result: dict, baseline: dict) -> dict:
+    gap = max(0.0, load_result["max_gap"] - baseline["max_gap"])
+    ttft = max(0.0, load_result["max_ttft"] - baseline["max_ttft"])
+    return {"stall_s": max(gap, ttft), "extra_gap_s": gap, "extra_ttft_s": ttft, **load_result}
+
+
+# --- trainer paths (b) and (c) ---------------------------------------------------
+
+
+class Trainer:
+    def __init__(self, url: str):
+        self.url = url
+        port = free_port()
+        self.group_name = f"bench_{port}"
+        fut = pool.submit(
+            client.init_weights_update_group, url, master_address="127.0.0.1",
+            master_port=port, rank_offset=1, world_size=2, group_name=self.group_name,
+            backend="gloo",
+        )  # fmt: skip
+        self.pg = join_update_group("127.0.0.1", port, 2, group_name=self.group_name)
+        fut.result()
+
+    def upstream(self, buckets, flats) -> int:
+        calls = 0
+        for bucket, flat in zip(buckets, flats):
+            meta = bucket.meta()
+            fut = pool.submit(
+                client.update_weights_from_distributed, self.url, names=meta["names"],
+                dtypes=meta["dtypes"], shapes=meta["shapes"], group_name=self.group_name,
+                load_format="flattened_bucket", flush_cache=False,
+            )  # fmt: skip
+            dist.broadcast(flat, src=0, group=self.pg)
+            fut.result()
+            calls += 1
+        return calls
+
+    def ours(self, buckets, flats, digests: bool) -> int:
+        meta = [
+            b.meta(digest_bytes(f) if digests else None) for b, f in zip(buckets, flats)
+        ]
+        client.prepare_weights_update(
+            self.url, meta, group_name=self.group_name, load_format="flattened_bucket"
+        )
+        for flat in flats:
+            dist.broadcast(flat, src=0, group=self.pg)
+        client.complete_weights_update(self.url, group_name=self.group_name)
+        return 2
+
+    def close(self):
+        client.destroy_weights_update_group(self.url, group_name=self.group_name)
+        leave_update_group(self.pg)
+
+
+def timed(fn, rounds: int) -> tuple[list[float], int]:
+    times, calls = [], 0
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        calls = fn()
+        times.append(time.perf_counter() - t0)
+    return times, calls
+
+
+def summary(times: list[float]) -> dict:
+    return {"first_s": times[0], "steady_s": statistics.median(times[1:]), "all_s": times}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--steady", type=int, default=3, help="steady-state rounds after the first")
+    ap.add_argument("--bucket-mb", type=int, default=64)
+    ap.add_argument("--size", default="bench", help="harness model size")
+    args = ap.parse_args()
+    rounds = 1 + args.steady
+
+    model = make_tiny_model(ROOT / "build" / "models", args.size)
+    from safetensors.torch import load_file
+
+    weights = list(load_file(str(model / "model.safetensors")).items())
+    model_bytes = sum(t.numel() * t.element_size() for _, t in weights)
+    buckets = plan_buckets(weights, args.bucket_mb << 20)
+    flats = [torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors]) for b in buckets]
+    print(f"model {model_bytes / 2**20:.0f} MiB, {len(weights)} tensors, {len(buckets)} buckets")
+
+    t0 = time.perf_counter()
+    for flat in flats:
+        digest_bytes(flat)
+    digest_cost = time.perf_counter() - t0
+
+    raw = bench_raw(flats, rounds)
+    print(f"(a) raw broadcast: first {raw[0]:.3f}s steady {statistics.median(raw[1:]):.3f}s")
+
+    server = launch(model, ROOT / "build" / "logs" / "bench-cpu.log", tp=1, ready_timeout=600)
+    try:
+        trainer = Trainer(server.url)
+        results: dict = {}
+        # Serving baseline: the same load, no update. Windows are read after
+        # the load ends, so streams in flight at the end are complete.
+        with Load(server.url) as load:
+            start = time.monotonic()
+            time.sleep(3.0)
+            window = (start, time.monotonic())
+        baseline = load.stall_in(*window)
+        errors = list(load.errors)
+        print(f"baseline under load: {baseline}")
+        for label, fn in (
+            ("upstream", lambda: trainer.upstream(buckets, flats)),
+            ("ours", lambda: trainer.ours(buckets, flats, digests=False)),
+            ("ours_digest", lambda: trainer.ours(buckets, flats, digests=True)),
+        ):
+            times, calls = timed(fn, rounds)  # idle server: transfer cost alone
+            with Load(server.url) as load:  # under load: the serving stall
+                start = time.monotonic()
+                fn()
+                window = (start, time.monotonic())
+            stall = stall_of(load.stall_in(*window), baseline)
+            errors += load.errors
+            results[label] = {**summary(times), "http_calls": calls, "stall": stall}
+            print(f"{label}: {results[label]['first_s']:.3f}s first, "
+                  f"{results[label]['steady_s']:.3f}s steady, {calls} calls, "
+                  f"stall {stall['stall_s']:.3f}s")  # fmt: skip
+        trainer.close()
+    finally:
+        server.stop()
+
+    raw_steady = statistics.median(raw[1:])
+    up, ours, ours_d = results["upstream"], results["ours"], results["ours_digest"]
+    out = {
+        "machine": {
+            "platform": platform.platform(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__,
+        },
+        "date": datetime.date.today().isoformat(),
+        "model_bytes": model_bytes,
+        "num_buckets": len(buckets),
+        "bucket_bytes": args.bucket_mb << 20,
+        "raw": summary(raw),
+        "upstream": up,
+        "ours": ours,
+        "ours_with_digest": ours_d,
+        "digest_seconds_sender": digest_cost,
+        "e2e_ratio_vs_raw": ours["steady_s"] / raw_steady,
+        "e2e_ratio_vs_raw_first": ours["first_s"] / raw[0],
+        "e2e_ratio_vs_raw_with_digest": ours_d["steady_s"] / raw_steady,
+        "upstream_ratio_vs_raw": up["steady_s"] / raw_steady,
+        "stall_ratio_vs_upstream": ours["stall"]["stall_s"] / max(up["stall"]["stall_s"], 1e-9),
+        "http_calls_ours": ours["http_calls"],
+        "requests_failed_under_load": errors,
+        "http_calls_upstream": up["http_calls"],
+    }
+    dest = ROOT / "bench" / "results" / f"cpu-{out['date']}.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps({k: v for k, v in out.items() if "ratio" in k or "http" in k}, indent=2))
+    print(f"wrote {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
