@@ -10,7 +10,7 @@ WHEEL    := dist/sglang-$(VERSION)+rlsync.$(SERIES)-py3-none-any.whl
 PYTEST_ARGS ?=
 
 .PHONY: help upstream worktree patches overlay check apply revert pr-branch \
-        venv wheel install test demo format clean
+        venv wheel install test demo format clean bench-cpu
 
 help:
 	@echo "make test                       venv + wheel + the whole suite (real SGLang on CPU)"
@@ -24,6 +24,7 @@ help:
 	@echo "make revert SGLANG_DIR=<tree>   remove it again"
 	@echo "make pr-branch SGLANG_DIR=<tree> branch with one commit per patch"
 	@echo "make wheel                      $(WHEEL)"
+	@echo "make bench-cpu                  CPU benchmark: raw vs upstream vs two-phase (bench/results/)"
 
 upstream:
 	@$(RLSYNC) upstream
@@ -65,3 +66,9 @@ format:
 
 clean:
 	rm -rf build dist .pytest_cache
+
+demo:
+	@echo "make demo arrives with the trainer library (issue 5); nothing to run yet" >&2; exit 1
+
+bench-cpu: install
+	@$(VENV_PY) bench/cpu_sync.py
