@@ -192,7 +192,8 @@ class Trainer:
         )
         for flat in flats:
             dist.broadcast(flat, src=0, group=self.pg)
-        client.complete_weights_update(self.url, group_name=self.group_name)
+        done = client.complete_weights_update(self.url, group_name=self.group_name)
+        self.last_stats = done["stats"]  # where the server's time went
         return 2
 
     def close(self):
@@ -264,6 +265,8 @@ def main() -> int:
             stall = stall_of(load.stall_in(*window), baseline)
             errors += load.errors
             results[label] = {**summary(times), "http_calls": calls, "stall": stall}
+            if label.startswith("ours"):
+                results[label]["server_stats_last"] = trainer.last_stats
             print(f"{label}: {results[label]['first_s']:.3f}s first, "
                   f"{results[label]['steady_s']:.3f}s steady, {calls} calls, "
                   f"stall {stall['stall_s']:.3f}s")  # fmt: skip
