@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
 from rlsync.pin import Pin
-from rlsync.series import IDENTITY, SeriesError, git
+from rlsync.series import IDENTITY, SeriesError, git, series_files
 
 
 class CheckoutError(SeriesError):
@@ -85,13 +86,29 @@ def check_tree(tree: Path, pin: Pin) -> Path:
 
 
 def _apply(tree: Path, patches: list[Path], *flags: str) -> tuple[bool, str]:
-    args = ["apply", "--whitespace=nowarn", *flags, *map(str, patches)]
-    proc = git(tree, *args, check=False)
-    return proc.returncode == 0, (proc.stdout + proc.stderr).strip()
+    """Apply patches one after another (git apply cannot stack two patches
+    of one file in a single call); stops at the first failure."""
+    for patch in patches:
+        proc = git(tree, "apply", "--whitespace=nowarn", *flags, str(patch), check=False)
+        if proc.returncode != 0:
+            return False, f"{patch.name}:\n{(proc.stdout + proc.stderr).strip()}"
+    return True, ""
+
+
+def _dry_run(tree: Path, patches: list[Path], *flags: str) -> tuple[bool, str]:
+    """The same apply on a scratch copy of the files the series touches."""
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp) / "tree"
+        scratch.mkdir()
+        for rel in series_files(patches):
+            if (tree / rel).is_file():
+                (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(tree / rel, scratch / rel)
+        return _apply(scratch, patches, *flags)
 
 
 def is_applied(tree: Path, patches: list[Path]) -> bool:
-    ok, _ = _apply(tree, list(reversed(patches)), "--check", "--reverse")
+    ok, _ = _dry_run(tree, list(reversed(patches)), "--reverse")
     return ok
 
 
@@ -116,7 +133,7 @@ def apply_series(tree: Path, pin: Pin, patches: list[Path]) -> str:
         return "the series is empty; nothing to apply"
     if is_applied(tree, patches):
         return f"the series ({len(patches)} patches) is already applied to {tree}"
-    ok, why = _apply(tree, patches, "--check")
+    ok, why = _dry_run(tree, patches)
     if ok:
         ok, out = _apply(tree, patches)
         if not ok:
@@ -141,7 +158,7 @@ def revert_series(tree: Path, pin: Pin, patches: list[Path]) -> str:
     if not patches:
         return "the series is empty; nothing to revert"
     if not is_applied(tree, patches):
-        ok, _ = _apply(tree, patches, "--check")
+        ok, _ = _dry_run(tree, patches)
         if ok:
             return f"the series is not applied to {tree}; nothing to revert"
         raise CheckoutError(

@@ -1434,6 +1434,9 @@ class CompleteWeightsUpdateReqInput(BaseReq):
     drain: bool = False
     # Free the staging buffers afterwards instead of keeping them for the next update
     release_staging: bool = False
+    # Internal: the longest the scheduler may block per attempt; the tokenizer
+    # manager retries until `timeout`, so batches run while bytes arrive
+    scheduler_wait_s: Optional[float] = None
 
 
 @dataclass
@@ -1446,6 +1449,8 @@ class CompleteWeightsUpdateReqOutput(BaseReq):
     applied: bool = False
     # Whether a session is still open (verified, or waiting after a timeout)
     session_open: bool = False
+    # The receiver is still busy; ask again (see scheduler_wait_s)
+    pending: bool = False
     stats: Dict[str, Any] = field(default_factory=dict)
     rank_results: List[Dict[str, Any]] = field(default_factory=list)
 

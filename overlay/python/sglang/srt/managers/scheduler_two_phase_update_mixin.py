@@ -193,10 +193,17 @@ class SchedulerTwoPhaseUpdateMixin:
 
         # 1. Wait for every bucket and verify it, on every rank.
         t0 = time.perf_counter()
-        timeout = recv_req.timeout or DEFAULT_COMPLETE_TIMEOUT
+        timeout = recv_req.timeout
+        if timeout is None:
+            timeout = DEFAULT_COMPLETE_TIMEOUT
         local = {"success": True, "message": "", "timed_out": False}
         if not session.verified:
-            if not receiver.wait(timeout):
+            polling = recv_req.scheduler_wait_s is not None
+            done = receiver.wait(recv_req.scheduler_wait_s if polling else timeout)
+            if not done and polling:
+                # Let batches run meanwhile; the tokenizer manager asks again.
+                local = {"success": False, "pending": True, "message": ""}
+            elif not done:
                 local = {
                     "success": False,
                     "timed_out": True,
@@ -231,7 +238,11 @@ class SchedulerTwoPhaseUpdateMixin:
         local["buckets"] = receiver.stats.buckets_received
         results = self._gather_rank_results(local)
         num_received = min(r["buckets"] for r in results)
-        failed = [r for r in results if not r["success"]]
+        failed = [r for r in results if not r["success"] and not r.get("pending")]
+        if not failed and any(r.get("pending") for r in results):
+            return CompleteWeightsUpdateReqOutput(
+                success=False, num_buckets_received=num_received, pending=True
+            )
         if failed:
             if not all(r.get("timed_out") for r in failed):
                 # A broken or corrupted transfer: discard it, old weights stay.

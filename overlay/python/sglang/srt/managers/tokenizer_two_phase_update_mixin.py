@@ -10,7 +10,9 @@ semantics instead (in-flight requests finish first, new ones wait).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Dict, Optional, Union
 
@@ -24,12 +26,18 @@ from sglang.srt.managers.io_struct import (
     PrepareWeightsUpdateReqInput,
     PrepareWeightsUpdateReqOutput,
 )
+from sglang.srt.managers.scheduler_two_phase_update_mixin import (
+    DEFAULT_COMPLETE_TIMEOUT,
+)
 from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.server_args import ServerArgs
 from sglang.utils import TypeBasedDispatcher
 
 if TYPE_CHECKING:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+# How long one complete attempt may hold the scheduler while bytes still arrive.
+SCHEDULER_WAIT_S = 0.005
 
 
 class TokenizerTwoPhaseUpdateMixin:
@@ -105,7 +113,7 @@ class TokenizerTwoPhaseUpdateMixin:
                 if not self.is_pause:
                     lock_context = self.model_update_lock.writer_lock
         async with lock_context:
-            result = (await self.complete_weights_update_communicator(obj))[0]
+            result = await self._complete_without_blocking_scheduler(obj)
 
         session = self._two_phase_sessions.get(obj.group_name)
         if result.applied:
@@ -116,6 +124,31 @@ class TokenizerTwoPhaseUpdateMixin:
         if not result.session_open:
             self._end_two_phase_session(obj.group_name)
         return result
+
+    async def _complete_without_blocking_scheduler(
+        self: TokenizerManager, obj: CompleteWeightsUpdateReqInput
+    ) -> CompleteWeightsUpdateReqOutput:
+        """Until the last bucket is in, each attempt blocks the scheduler for
+        at most SCHEDULER_WAIT_S, so generation goes on between attempts."""
+        timeout = DEFAULT_COMPLETE_TIMEOUT if obj.timeout is None else obj.timeout
+        deadline = time.monotonic() + timeout
+        attempt = dataclasses.replace(obj, scheduler_wait_s=SCHEDULER_WAIT_S)
+        while True:
+            result = (await self.complete_weights_update_communicator(attempt))[0]
+            if not result.pending:
+                return result
+            if time.monotonic() >= deadline:
+                # The session stays open: complete again, or abort.
+                return CompleteWeightsUpdateReqOutput(
+                    success=False,
+                    num_buckets_received=result.num_buckets_received,
+                    message=f"timed out after {timeout:g}s with "
+                    f"{result.num_buckets_received} buckets received; "
+                    f"complete again or abort",
+                    status_code=400,
+                    session_open=True,
+                )
+            await asyncio.sleep(SCHEDULER_WAIT_S)
 
     async def abort_weights_update(
         self: TokenizerManager,
@@ -139,6 +172,6 @@ def two_phase_response_content(
 ) -> Dict[str, Any]:
     """The JSON answer: the output's fields less routing and the HTTP status."""
     content = dataclasses.asdict(output)
-    for key in ("rid", "http_worker_ipc", "status_code", "session_open"):
+    for key in ("rid", "http_worker_ipc", "status_code", "session_open", "pending"):
         content.pop(key, None)
     return content
