@@ -358,3 +358,39 @@ def test_admin_key_required(start_server, model_weights):
         assert ok["success"]
     finally:
         trainer.close()
+
+
+def test_complete_waiting_for_bytes_does_not_hold_serving_and_times_out_open(
+    server_tp1, trainer_tp1, model_weights
+):
+    """complete waits for late bytes without stopping generation; when its
+    timeout passes the session stays open, and a later complete applies."""
+    url, group = server_tp1.url, trainer_tp1.group_name
+    before = greedy(url)
+    buckets = plan_buckets(randomized(model_weights, 13), 64 << 10)
+    meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
+    flats = [torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors]) for b in buckets]
+    client.prepare_weights_update(url, meta, group_name=group, load_format="flattened_bucket")
+    half = len(flats) // 2
+    for flat in flats[:half]:
+        dist.broadcast(flat, src=0, group=trainer_tp1.group)
+    waiting = threading.Thread(
+        target=lambda: results.append(post(url, "/complete_weights_update", {"group_name": group, "timeout": 4}))
+    )
+    results: list = []
+    waiting.start()
+    t0 = time.monotonic()
+    out = requests.post(url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
+    assert out.status_code == 200 and time.monotonic() - t0 < 2.0, "generation held by complete"
+    assert waiting.is_alive(), "complete should still be waiting for the rest"
+    waiting.join(30)
+    body = results[0].json()
+    assert results[0].status_code == 400
+    assert f"timed out after 4s with {half} buckets received; complete again or abort" in body["message"]
+    assert greedy(url) == before
+    for flat in flats[half:]:
+        dist.broadcast(flat, src=0, group=trainer_tp1.group)
+    done = client.complete_weights_update(url, group_name=group)
+    assert done["applied"] and greedy(url) != before
+    update_two_phase(trainer_tp1, model_weights)
+    assert greedy(url) == before
