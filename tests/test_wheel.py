@@ -4,6 +4,7 @@ version; and `python/` installable alone as the trainer-side `rlsync`."""
 from __future__ import annotations
 
 import email.parser
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -82,9 +83,12 @@ def test_wheel_in_fresh_venv_layered_on_pinned_env(tmp_path):
 
 
 def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
+    # Build from a copy: setuptools leaves build/ and *.egg-info beside its input.
+    src = tmp_path / "src"
+    shutil.copytree(ROOT / "python", src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path), str(ROOT / "python")],
+         "-w", str(tmp_path), str(src)],
         check=True,
     )  # fmt: skip
     (whl,) = tmp_path.glob("rlsync-*.whl")
