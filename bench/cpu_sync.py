@@ -50,7 +50,9 @@ pool = cf.ThreadPoolExecutor(8)
 # --- raw receiver (a) --------------------------------------------------------
 
 
-def _raw_receiver(port: int, sizes: list[int], rounds: int) -> None:
+def _raw_receiver(port: int, sizes: list[int], rounds: int, cpus) -> None:
+    if cpus:  # the cores an engine's TP rank gets (SGLANG_CPU_OMP_THREADS_BIND)
+        os.sched_setaffinity(0, cpus)
     pg = join_update_group("127.0.0.1", port, 2, rank=1, group_name="raw")
     bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
     for _ in range(rounds):
@@ -59,10 +61,10 @@ def _raw_receiver(port: int, sizes: list[int], rounds: int) -> None:
     leave_update_group(pg)
 
 
-def bench_raw(flats: list[torch.Tensor], rounds: int) -> list[float]:
+def bench_raw(flats: list[torch.Tensor], rounds: int, cpus=None) -> list[float]:
     port = free_port()
     proc = mp.get_context("spawn").Process(
-        target=_raw_receiver, args=(port, [f.numel() for f in flats], rounds)
+        target=_raw_receiver, args=(port, [f.numel() for f in flats], rounds, cpus)
     )
     proc.start()
     pg = join_update_group("127.0.0.1", port, 2, group_name="raw")
@@ -236,10 +238,21 @@ def main() -> int:
         digest_bytes(flat)
     digest_cost = time.perf_counter() - t0
 
-    raw = bench_raw(flats, rounds)
-    print(f"(a) raw broadcast: first {raw[0]:.3f}s steady {statistics.median(raw[1:]):.3f}s")
+    raw_pinned = bench_raw(flats, rounds, cpus={0})
+    raw_unpinned = bench_raw(flats, rounds)
 
     server = launch(model, ROOT / "build" / "logs" / "bench-cpu.log", tp=1, ready_timeout=600)
+    # The raw receiver gets the cores the engine's scheduler really has: the
+    # CPU recipe asks for one per TP rank, but SGLang binds only on some CPUs.
+    import psutil
+
+    sched = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+             if "scheduler" in p.name()]  # fmt: skip
+    sched_cpus = sorted(sched[0].cpu_affinity()) if sched else []
+    pinned = len(sched_cpus) < (os.cpu_count() or 1)
+    raw = raw_pinned if pinned else raw_unpinned
+    print(f"engine scheduler cpus {sched_cpus}; (a) raw broadcast: first {raw[0]:.3f}s "
+          f"steady {statistics.median(raw[1:]):.3f}s")  # fmt: skip
     try:
         trainer = Trainer(server.url)
         results: dict = {}
@@ -258,11 +271,16 @@ def main() -> int:
             ("ours_digest", lambda: trainer.ours(buckets, flats, digests=True)),
         ):
             times, calls = timed(fn, rounds)  # idle server: transfer cost alone
+            windows = []
             with Load(server.url) as load:  # under load: the serving stall
-                start = time.monotonic()
-                fn()
-                window = (start, time.monotonic())
-            stall = stall_of(load.stall_in(*window), baseline)
+                for _ in range(rounds):
+                    start = time.monotonic()
+                    fn()
+                    windows.append((start, time.monotonic()))
+                    time.sleep(1.0)  # let the load settle between updates
+            stalls = [stall_of(load.stall_in(*w), baseline) for w in windows]
+            stall = sorted(stalls, key=lambda x: x["stall_s"])[len(stalls) // 2]  # median
+            stall["all_stall_s"] = [x["stall_s"] for x in stalls]
             errors += load.errors
             results[label] = {**summary(times), "http_calls": calls, "stall": stall}
             if label.startswith("ours"):
@@ -287,6 +305,9 @@ def main() -> int:
         "num_buckets": len(buckets),
         "bucket_bytes": args.bucket_mb << 20,
         "raw": summary(raw),
+        "raw_pinned_one_core": summary(raw_pinned),
+        "raw_unpinned": summary(raw_unpinned),
+        "engine_scheduler_cpus": sched_cpus,
         "upstream": up,
         "ours": ours,
         "ours_with_digest": ours_d,

@@ -1537,7 +1537,9 @@ class ModelRunner(ModelRunnerKVCacheMixin):
                 world_size=world_size,
                 rank=rank,
                 group_name=group_name,
-                timeout=None if timeout is None else datetime.timedelta(seconds=timeout),
+                timeout=(
+                    None if timeout is None else datetime.timedelta(seconds=timeout)
+                ),
             )
             return True, "Succeeded to initialize custom process group."
         except Exception as e:
