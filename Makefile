@@ -62,7 +62,7 @@ test: install
 
 format:
 	@$(VENV_PY) -m black python harness tests bench setup.py
-	@$(VENV_PY) -m isort --profile black python harness tests bench setup.py
+	@$(VENV_PY) -m isort --profile black -p sglang -p rlsync -p harness python harness tests bench setup.py
 
 clean:
 	rm -rf build dist .pytest_cache

@@ -152,7 +152,12 @@ class Load:
 def stall_of(load_result: dict, baseline: dict) -> dict:
     gap = max(0.0, load_result["max_gap"] - baseline["max_gap"])
     ttft = max(0.0, load_result["max_ttft"] - baseline["max_ttft"])
-    return {"stall_s": max(gap, ttft), "extra_gap_s": gap, "extra_ttft_s": ttft, **load_result}
+    return {
+        "stall_s": max(gap, ttft),
+        "extra_gap_s": gap,
+        "extra_ttft_s": ttft,
+        **load_result,
+    }
 
 
 # --- trainer paths (b) and (c) ---------------------------------------------------
@@ -213,12 +218,18 @@ def timed(fn, rounds: int) -> tuple[list[float], int]:
 
 
 def summary(times: list[float]) -> dict:
-    return {"first_s": times[0], "steady_s": statistics.median(times[1:]), "all_s": times}
+    return {
+        "first_s": times[0],
+        "steady_s": statistics.median(times[1:]),
+        "all_s": times,
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steady", type=int, default=3, help="steady-state rounds after the first")
+    ap.add_argument(
+        "--steady", type=int, default=3, help="steady-state rounds after the first"
+    )
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--size", default="bench", help="harness model size")
     args = ap.parse_args()
@@ -230,8 +241,12 @@ def main() -> int:
     weights = list(load_file(str(model / "model.safetensors")).items())
     model_bytes = sum(t.numel() * t.element_size() for _, t in weights)
     buckets = plan_buckets(weights, args.bucket_mb << 20)
-    flats = [torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors]) for b in buckets]
-    print(f"model {model_bytes / 2**20:.0f} MiB, {len(weights)} tensors, {len(buckets)} buckets")
+    flats = [
+        torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors]) for b in buckets
+    ]
+    print(
+        f"model {model_bytes / 2**20:.0f} MiB, {len(weights)} tensors, {len(buckets)} buckets"
+    )
 
     t0 = time.perf_counter()
     for flat in flats:
@@ -241,7 +256,9 @@ def main() -> int:
     raw_pinned = bench_raw(flats, rounds, cpus={0})
     raw_unpinned = bench_raw(flats, rounds)
 
-    server = launch(model, ROOT / "build" / "logs" / "bench-cpu.log", tp=1, ready_timeout=600)
+    server = launch(
+        model, ROOT / "build" / "logs" / "bench-cpu.log", tp=1, ready_timeout=600
+    )
     # The raw receiver gets the cores the engine's scheduler really has: the
     # CPU recipe asks for one per TP rank, but SGLang binds only on some CPUs.
     import psutil
@@ -279,7 +296,9 @@ def main() -> int:
                     windows.append((start, time.monotonic()))
                     time.sleep(1.0)  # let the load settle between updates
             stalls = [stall_of(load.stall_in(*w), baseline) for w in windows]
-            stall = sorted(stalls, key=lambda x: x["stall_s"])[len(stalls) // 2]  # median
+            stall = sorted(stalls, key=lambda x: x["stall_s"])[
+                len(stalls) // 2
+            ]  # median
             stall["all_stall_s"] = [x["stall_s"] for x in stalls]
             errors += load.errors
             results[label] = {**summary(times), "http_calls": calls, "stall": stall}
@@ -296,8 +315,10 @@ def main() -> int:
     up, ours, ours_d = results["upstream"], results["ours"], results["ours_digest"]
     out = {
         "machine": {
-            "platform": platform.platform(), "processor": platform.processor(),
-            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
             "torch": torch.__version__,
         },
         "date": datetime.date.today().isoformat(),
@@ -316,7 +337,8 @@ def main() -> int:
         "e2e_ratio_vs_raw_first": ours["first_s"] / raw[0],
         "e2e_ratio_vs_raw_with_digest": ours_d["steady_s"] / raw_steady,
         "upstream_ratio_vs_raw": up["steady_s"] / raw_steady,
-        "stall_ratio_vs_upstream": ours["stall"]["stall_s"] / max(up["stall"]["stall_s"], 1e-9),
+        "stall_ratio_vs_upstream": ours["stall"]["stall_s"]
+        / max(up["stall"]["stall_s"], 1e-9),
         "http_calls_ours": ours["http_calls"],
         "requests_failed_under_load": errors,
         "http_calls_upstream": up["http_calls"],
@@ -324,7 +346,11 @@ def main() -> int:
     dest = ROOT / "bench" / "results" / f"cpu-{out['date']}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps({k: v for k, v in out.items() if "ratio" in k or "http" in k}, indent=2))
+    print(
+        json.dumps(
+            {k: v for k, v in out.items() if "ratio" in k or "http" in k}, indent=2
+        )
+    )
     print(f"wrote {dest}")
     return 0
 

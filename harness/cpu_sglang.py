@@ -51,7 +51,9 @@ def build_stub_libcuda(python: str = sys.executable) -> Path:
     symbols = _undefined_cuda_symbols(libs)
     out_dir = BUILD / "stub-cuda"
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = _STUB_HEADER + "".join(f"int {s}(void) {{ return 100; }}\n" for s in symbols)
+    source = _STUB_HEADER + "".join(
+        f"int {s}(void) {{ return 100; }}\n" for s in symbols
+    )
     c_file = out_dir / "stub.c"
     so = out_dir / "libcuda.so.1"
     if so.exists() and c_file.exists() and c_file.read_text() == source:

@@ -17,9 +17,9 @@ import torch.distributed as dist
 
 
 def main(model_path: str, port: int) -> None:
-    import sglang
     from safetensors.torch import load_file
 
+    import sglang
     from rlsync.digest import digest_tensors
     from rlsync.group import join_update_group
     from rlsync.planner import plan_buckets
@@ -35,24 +35,43 @@ def main(model_path: str, port: int) -> None:
         before = engine.generate("Engine", params)["output_ids"]
         with cf.ThreadPoolExecutor(1) as pool:
             fut = pool.submit(
-                engine.init_weights_update_group, "127.0.0.1", port, 1, 2, "engine", "gloo"
+                engine.init_weights_update_group,
+                "127.0.0.1",
+                port,
+                1,
+                2,
+                "engine",
+                "gloo",
             )
             pg = join_update_group("127.0.0.1", port, 2, group_name="engine")
             findings["init"] = fut.result()[0]
         weights = list(load_file(f"{model_path}/model.safetensors").items())
         gen = torch.Generator().manual_seed(0)
-        new = [(n, (torch.randn(t.shape, generator=gen) * 0.05).to(t.dtype)) for n, t in weights]
+        new = [
+            (n, (torch.randn(t.shape, generator=gen) * 0.05).to(t.dtype))
+            for n, t in weights
+        ]
         buckets = plan_buckets(new, 64 << 10)
         meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
         findings["prepare"] = engine.prepare_weights_update(
             len(meta), meta, group_name="engine", load_format="flattened_bucket"
         )["status"]
         for b in buckets:
-            dist.broadcast(torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors]), 0, group=pg)
+            dist.broadcast(
+                torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors]),
+                0,
+                group=pg,
+            )
         done = engine.complete_weights_update(group_name="engine", weight_version="e1")
-        findings["complete"] = [done["success"], done["num_buckets_received"], len(buckets)]
+        findings["complete"] = [
+            done["success"],
+            done["num_buckets_received"],
+            len(buckets),
+        ]
         findings["changed"] = engine.generate("Engine", params)["output_ids"] != before
-        findings["abort_without_session"] = engine.abort_weights_update("engine")["success"]
+        findings["abort_without_session"] = engine.abort_weights_update("engine")[
+            "success"
+        ]
     finally:
         engine.shutdown()
     print("FINDINGS " + json.dumps(findings), flush=True)

@@ -33,9 +33,16 @@ class GlooTrainer:
         offsets = [1 + sum(tps[:i]) for i in range(len(tps))]
         futures = [
             _pool.submit(
-                client.init_weights_update_group, url, master_address="127.0.0.1",
-                master_port=port, rank_offset=off, world_size=self.world_size,
-                group_name=group_name, backend="gloo", timeout=timeout, admin_key=admin_key,
+                client.init_weights_update_group,
+                url,
+                master_address="127.0.0.1",
+                master_port=port,
+                rank_offset=off,
+                world_size=self.world_size,
+                group_name=group_name,
+                backend="gloo",
+                timeout=timeout,
+                admin_key=admin_key,
             )  # fmt: skip
             for url, off in zip(urls, offsets)
         ]
@@ -49,9 +56,12 @@ class GlooTrainer:
         named = list(named)
         futures = [
             _pool.submit(
-                client.update_weights_from_distributed, url,
-                names=[n for n, _ in named], dtypes=[dtype_name(t.dtype) for _, t in named],
-                shapes=[list(t.shape) for _, t in named], group_name=self.group_name,
+                client.update_weights_from_distributed,
+                url,
+                names=[n for n, _ in named],
+                dtypes=[dtype_name(t.dtype) for _, t in named],
+                shapes=[list(t.shape) for _, t in named],
+                group_name=self.group_name,
                 admin_key=self.admin_key,
             )  # fmt: skip
             for url in self.urls
@@ -97,7 +107,9 @@ def update_two_phase(
         )  # fmt: skip
     for i, bucket in enumerate(buckets):
         if load_format == "flattened_bucket":
-            flat = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in bucket.tensors])
+            flat = torch.cat(
+                [t.contiguous().reshape(-1).view(torch.uint8) for t in bucket.tensors]
+            )
             dist.broadcast(flat, src=0, group=trainer.group)
         else:
             for t in bucket.tensors:
@@ -106,8 +118,11 @@ def update_two_phase(
             between_buckets(i)
     futures = [
         _pool.submit(
-            client.complete_weights_update, url, group_name=trainer.group_name,
-            apply=apply, admin_key=trainer.admin_key,
+            client.complete_weights_update,
+            url,
+            group_name=trainer.group_name,
+            apply=apply,
+            admin_key=trainer.admin_key,
         )  # fmt: skip
         for url in trainer.urls
     ]

@@ -57,11 +57,18 @@ def start_server(request, tiny_model, upstream_tree):
 
 
 # A short soft watchdog on the shared servers: any false stall shows in the log.
-SESSION_ARGS = ["--soft-watchdog-timeout", "2", "--weight-update-staging-budget-mb", "64"]
+SESSION_ARGS = [
+    "--soft-watchdog-timeout",
+    "2",
+    "--weight-update-staging-budget-mb",
+    "64",
+]
 
 
 def _session_server(request, tiny_model, tp):
-    server = _start(request, tiny_model, tp, False, SESSION_ARGS, name=f"session-tp{tp}")
+    server = _start(
+        request, tiny_model, tp, False, SESSION_ARGS, name=f"session-tp{tp}"
+    )
     request.addfinalizer(server.stop)
     return server
 

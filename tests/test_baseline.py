@@ -33,17 +33,23 @@ def test_greedy_generation_identical_at_tp1_and_tp2(server_tp1, server_tp2):
 def test_upstream_single_phase_update_changes_parameter(tp, server_tp1, server_tp2):
     server = server_tp1 if tp == 1 else server_tp2
     name = "model.norm.weight"
-    original = torch.tensor(client.get_weights_by_name(server.url, name, truncate_size=10**6))
+    original = torch.tensor(
+        client.get_weights_by_name(server.url, name, truncate_size=10**6)
+    )
     before = greedy(server.url)
     trainer = GlooTrainer([server.url], [tp], group_name=f"baseline_tp{tp}")
     try:
         new = torch.linspace(-2, 2, original.numel()).to(torch.bfloat16)
         trainer.update_single_phase([(name, new)])
-        got = torch.tensor(client.get_weights_by_name(server.url, name, truncate_size=10**6))
+        got = torch.tensor(
+            client.get_weights_by_name(server.url, name, truncate_size=10**6)
+        )
         assert torch.equal(got, new.float())
         assert greedy(server.url) != before
         trainer.update_single_phase([(name, original.to(torch.bfloat16))])
-        got = torch.tensor(client.get_weights_by_name(server.url, name, truncate_size=10**6))
+        got = torch.tensor(
+            client.get_weights_by_name(server.url, name, truncate_size=10**6)
+        )
         assert torch.equal(got, original)
         assert greedy(server.url) == before
     finally:

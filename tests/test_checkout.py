@@ -40,7 +40,10 @@ def tree(template, tmp_path) -> Path:
 
 def make(target: str, tree: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["make", "-s", target, f"SGLANG_DIR={tree}"], cwd=ROOT, capture_output=True, text=True
+        ["make", "-s", target, f"SGLANG_DIR={tree}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
 
 
@@ -84,7 +87,9 @@ def test_revert_when_not_applied_is_noop(tree):
 
 
 def test_other_version_is_refused_naming_both(tree):
-    (tree / "python" / "sglang" / "_version.py").write_text("__version__ = version = '0.5.9'\n")
+    (tree / "python" / "sglang" / "_version.py").write_text(
+        "__version__ = version = '0.5.9'\n"
+    )
     sh(tree, "commit", "-qam", "pretend 0.5.9")
     proc = make("apply", tree)
     assert proc.returncode != 0
@@ -107,7 +112,9 @@ def test_conflicting_hunk_changes_nothing(tree):
     # Break a file of the last patch: the earlier patches would apply, so a
     # half-applied tree would show; nothing may change.
     last = LAYOUT.patches()[-1]
-    rel = next(f for f in series.touched_files(last) if (LAYOUT.upstream_dir / f).is_file())
+    rel = next(
+        f for f in series.touched_files(last) if (LAYOUT.upstream_dir / f).is_file()
+    )
     target = tree / rel
     target.write_text("# rewritten locally: every hunk conflicts\n")
     sh(tree, "commit", "-qam", "local rewrite")
@@ -145,7 +152,11 @@ def test_three_way_apply_merges_a_committed_change_next_to_a_hunk(tree):
     assert "3-way" in proc.stdout
     text = target.read_text()
     assert ctx + "  # local" in text
-    added = [l[1:] for l in patch_text.splitlines() if l.startswith("+") and not l.startswith("+++")]
+    added = [
+        l[1:]
+        for l in patch_text.splitlines()
+        if l.startswith("+") and not l.startswith("+++")
+    ]
     assert all(line in text for line in added)
 
 
@@ -166,7 +177,10 @@ def test_pr_branch_has_one_commit_per_patch_and_leaves_checkout_alone(tree):
     branch = f"rlsync/{pin.version}-series{pin.series}"
     subjects = sh(tree, "log", "--format=%s", f"{head}..{branch}").splitlines()
     expected = [
-        p.read_text().split("Subject: [PATCH] ", 1)[1].split("\n\n", 1)[0].replace("\n ", " ")
+        p.read_text()
+        .split("Subject: [PATCH] ", 1)[1]
+        .split("\n\n", 1)[0]
+        .replace("\n ", " ")
         for p in LAYOUT.patches()
     ]
     assert subjects == list(reversed(expected))
@@ -180,7 +194,9 @@ def test_pr_branch_has_one_commit_per_patch_and_leaves_checkout_alone(tree):
 
 
 def test_apply_needs_sglang_dir():
-    proc = subprocess.run(["make", "-s", "apply"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["make", "-s", "apply"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode != 0 and "set SGLANG_DIR" in proc.stderr
 
 

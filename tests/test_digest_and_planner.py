@@ -17,12 +17,16 @@ from sglang.srt.weight_sync.staged_receiver import bucket_digest
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 4096, 1_000_003])
 def test_trainer_and_server_digests_agree(n):
-    data = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n))
+    data = torch.randint(
+        0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n)
+    )
     assert digest_bytes(data) == bucket_digest(data)
 
 
 def test_digest_catches_every_single_flipped_byte_position_sampled():
-    data = torch.randint(0, 256, (10_001,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    data = torch.randint(
+        0, 256, (10_001,), dtype=torch.uint8, generator=torch.Generator().manual_seed(1)
+    )
     ref = digest_bytes(data)
     for pos in list(range(0, 10_001, 97)) + [10_000]:
         for bit in (0, 7):
@@ -42,7 +46,11 @@ def test_digest_catches_swapped_words_and_swapped_buckets():
 
 
 def test_digest_of_tensors_is_the_flattened_layout():
-    ts = [torch.randn(3, 5).to(torch.bfloat16), torch.randn(7), torch.arange(3, dtype=torch.int64)]
+    ts = [
+        torch.randn(3, 5).to(torch.bfloat16),
+        torch.randn(7),
+        torch.arange(3, dtype=torch.int64),
+    ]
     flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in ts])
     assert digest_tensors(ts) == bucket_digest(flat)
 
@@ -62,7 +70,9 @@ def test_planner_properties(seed):
     for b in buckets:
         assert b.nbytes == sum(t.numel() for t in b.tensors)
         assert b.nbytes <= budget or len(b.names) == 1, "over budget only alone"
-    assert plan_buckets(named(sizes), budget)[0].names == buckets[0].names  # deterministic
+    assert (
+        plan_buckets(named(sizes), budget)[0].names == buckets[0].names
+    )  # deterministic
 
 
 def test_planner_gives_an_oversized_tensor_its_own_bucket():

@@ -38,7 +38,9 @@ def health_generate(url: str, timeout: float) -> Answer:
         return Answer(t0, None, time.monotonic() - t0, "")
 
 
-def poll_until(url: str, end: float, timeout: float, every: float = 0.5) -> list[Answer]:
+def poll_until(
+    url: str, end: float, timeout: float, every: float = 0.5
+) -> list[Answer]:
     answers = []
     while time.monotonic() < end:
         tick = time.monotonic()
@@ -65,7 +67,10 @@ def start_init(server: Server, port: int, group: str, timeout: float | None = No
         world_size=1 + server.tp, group_name=group, backend="gloo", **kwargs,
     )  # fmt: skip
     fut = pool.submit(
-        requests.post, server.url + "/init_weights_update_group", json=payload, timeout=120
+        requests.post,
+        server.url + "/init_weights_update_group",
+        json=payload,
+        timeout=120,
     )
     wait_for_log(server, f"master_port={port}")
     return fut
@@ -83,7 +88,9 @@ def late_trainer_scenario(server: Server, client_timeout: float):
     group = f"late_{port}"
     fut = start_init(server, port, group)
     answers = poll_until(server.url, time.monotonic() + LATE_JOIN_S, client_timeout)
-    pg = join_update_group("127.0.0.1", port, 1 + server.tp, group_name=group, timeout=60)
+    pg = join_update_group(
+        "127.0.0.1", port, 1 + server.tp, group_name=group, timeout=60
+    )
     resp = fut.result(timeout=60)
     return answers, pg, group, resp
 
@@ -103,7 +110,10 @@ def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server
         # Afterwards: generation works and an update over the group succeeds.
         out = requests.post(
             server.url + "/generate",
-            json={"text": "abc", "sampling_params": {"max_new_tokens": 4, "temperature": 0}},
+            json={
+                "text": "abc",
+                "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+            },
             timeout=60,
         )
         assert out.status_code == 200 and len(out.json()["output_ids"]) == 4
@@ -127,7 +137,9 @@ def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server
 def test_late_trainer_fails_health_on_pristine_upstream(start_server):
     """The same scenario on pristine 0.5.10: the health check is not answered
     in time, so this test proves the fix above."""
-    server = start_server(tp=1, pristine=True, extra_args=["--soft-watchdog-timeout", "2"])
+    server = start_server(
+        tp=1, pristine=True, extra_args=["--soft-watchdog-timeout", "2"]
+    )
     generating_health(server)  # control: idle, it answers (in about a second)
     answers, pg, group, resp = late_trainer_scenario(server, client_timeout=3.0)
     try:
@@ -149,7 +161,10 @@ def test_overlapping_operations_keep_health_until_the_last_ends(server_tp1):
         group_name=f"overlap_b_{port_b}", backend="gloo",
     )  # fmt: skip
     fut_b = pool.submit(
-        requests.post, server.url + "/init_weights_update_group", json=payload_b, timeout=120
+        requests.post,
+        server.url + "/init_weights_update_group",
+        json=payload_b,
+        timeout=120,
     )
     first = poll_until(server.url, time.monotonic() + 2.0, timeout=1.0)
     pg_a = join_update_group("127.0.0.1", port_a, 2, group_name=f"overlap_a_{port_a}")
@@ -166,7 +181,9 @@ def test_overlapping_operations_keep_health_until_the_last_ends(server_tp1):
         generating_health(server)
     finally:
         for pg, port, tag in ((pg_a, port_a, "a"), (pg_b, port_b, "b")):
-            client.destroy_weights_update_group(server.url, group_name=f"overlap_{tag}_{port}")
+            client.destroy_weights_update_group(
+                server.url, group_name=f"overlap_{tag}_{port}"
+            )
             leave_update_group(pg)
 
 

@@ -43,7 +43,9 @@ def overlay_file(layout: series.Layout) -> Path:
 
 
 def test_make_check_passes_on_this_checkout():
-    proc = subprocess.run(["make", "-s", "check"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        ["make", "-s", "check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 0, proc.stderr
     assert "overlay matches" in proc.stdout
 
@@ -79,7 +81,9 @@ def test_overlay_file_no_patch_touches_fails_check(scratch):
     stray.write_text("x = 1\n")
     proc = run_check(scratch)
     assert proc.returncode == 1
-    assert "overlay/python/sglang/srt/stray.py: no patch touches this file" in proc.stderr
+    assert (
+        "overlay/python/sglang/srt/stray.py: no patch touches this file" in proc.stderr
+    )
 
 
 def test_patch_touching_file_missing_from_overlay_fails_check(scratch):
@@ -126,10 +130,14 @@ def test_patch_lint_requires_forwarded_line_and_full_index(scratch):
 
 
 def test_overlay_regenerates_byte_identical(scratch):
-    before = {p: (scratch.overlay_dir / p).read_bytes() for p in series.overlay_files(scratch)}
+    before = {
+        p: (scratch.overlay_dir / p).read_bytes() for p in series.overlay_files(scratch)
+    }
     shutil.rmtree(scratch.overlay_dir)
     series.regenerate_overlay(scratch)
-    after = {p: (scratch.overlay_dir / p).read_bytes() for p in series.overlay_files(scratch)}
+    after = {
+        p: (scratch.overlay_dir / p).read_bytes() for p in series.overlay_files(scratch)
+    }
     assert after == before
 
 
@@ -177,11 +185,15 @@ def test_sdist_hash_mismatch_stops_with_clear_error(tmp_path, upstream_tree):
     good = read_pin(ROOT / "upstream.pin")
     sdist = cache_dir() / "sdist" / good.sha256 / good.sdist
     bad = Pin(good.name, good.version, good.sdist, "0" * 64, good.series)
-    with pytest.raises(PinError, match=r"sha256 mismatch for sglang-0.5.10.tar.gz: pin says 0{64}"):
+    with pytest.raises(
+        PinError, match=r"sha256 mismatch for sglang-0.5.10.tar.gz: pin says 0{64}"
+    ):
         unpack_sdist(bad, sdist, tmp_path / "python")
     assert not (tmp_path / "python").exists()
 
 
 def test_upstream_unpacks_sdist_as_python_folder(upstream_tree):
-    assert (upstream_tree / "python" / "sglang" / "srt" / "utils" / "watchdog.py").is_file()
+    assert (
+        upstream_tree / "python" / "sglang" / "srt" / "utils" / "watchdog.py"
+    ).is_file()
     assert (upstream_tree / "python" / "pyproject.toml").is_file()

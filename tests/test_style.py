@@ -14,7 +14,9 @@ LAYOUT = series.Layout(ROOT)
 
 
 def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True
+    )
 
 
 def test_black_version_is_upstreams():
@@ -22,7 +24,11 @@ def test_black_version_is_upstreams():
 
 
 def test_overlay_is_black_clean():
-    files = [str(LAYOUT.overlay_dir / f) for f in series.overlay_files(LAYOUT) if f.endswith(".py")]
+    files = [
+        str(LAYOUT.overlay_dir / f)
+        for f in series.overlay_files(LAYOUT)
+        if f.endswith(".py")
+    ]
     proc = run("black", "--check", "--quiet", *files)
     assert proc.returncode == 0, proc.stderr
 
@@ -40,3 +46,10 @@ def test_overlay_imports_sorted_where_upstream_was():
         if run(*args, str(LAYOUT.overlay_dir / rel)).returncode != 0:
             bad.append(rel)
     assert not bad, f"imports not sorted as upstream sorts them: {bad}"
+
+
+def test_our_code_is_black_clean():
+    proc = run(
+        "black", "--check", "--quiet", "python", "harness", "tests", "bench", "setup.py"
+    )
+    assert proc.returncode == 0, f"run `make format`:\n{proc.stderr}"

@@ -23,13 +23,20 @@ from rlsync.group import join_update_group, leave_update_group
 from rlsync.planner import plan_buckets
 
 PROMPT = "Weights in flight"
-SAMPLED = ["model.norm.weight", "model.layers.1.mlp.down_proj.weight", "model.embed_tokens.weight"]
+SAMPLED = [
+    "model.norm.weight",
+    "model.layers.1.mlp.down_proj.weight",
+    "model.embed_tokens.weight",
+]
 
 
 def greedy(url: str, n: int = 12) -> list[int]:
     resp = requests.post(
         url + "/generate",
-        json={"text": PROMPT, "sampling_params": {"max_new_tokens": n, "temperature": 0}},
+        json={
+            "text": PROMPT,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0},
+        },
         timeout=60,
     )
     resp.raise_for_status()
@@ -43,7 +50,8 @@ def sampled(url: str) -> dict[str, list]:
 def randomized(weights, seed: int):
     gen = torch.Generator().manual_seed(seed)
     return [
-        (n, (torch.randn(t.shape, generator=gen) * 0.05).to(t.dtype)) for n, t in weights
+        (n, (torch.randn(t.shape, generator=gen) * 0.05).to(t.dtype))
+        for n, t in weights
     ]
 
 
@@ -63,36 +71,53 @@ def trainer_tp1(server_tp1):
 
 @pytest.mark.parametrize("load_format", ["flattened_bucket", None])
 @pytest.mark.parametrize("tp", [1, 2])
-def test_full_update_then_restore(tp, load_format, server_tp1, server_tp2, model_weights, monkeypatch):
+def test_full_update_then_restore(
+    tp, load_format, server_tp1, server_tp2, model_weights, monkeypatch
+):
     server = server_tp1 if tp == 1 else server_tp2
     original_out, original_sampled = greedy(server.url), sampled(server.url)
     trainer = GlooTrainer([server.url], [tp], group_name=f"full_{tp}_{load_format}")
     calls = []
     real_request = httpx.request
-    monkeypatch.setattr(httpx, "request", lambda *a, **k: calls.append(a[1]) or real_request(*a, **k))
+    monkeypatch.setattr(
+        httpx, "request", lambda *a, **k: calls.append(a[1]) or real_request(*a, **k)
+    )
     try:
         new = randomized(model_weights, seed=tp)
         bucket_bytes = 64 << 10
         n_buckets = len(plan_buckets(new, bucket_bytes))
         assert n_buckets > 3
         (result,) = update_two_phase(
-            trainer, new, load_format=load_format, bucket_bytes=bucket_bytes, weight_version="v-new"
+            trainer,
+            new,
+            load_format=load_format,
+            bucket_bytes=bucket_bytes,
+            weight_version="v-new",
         )
-        assert calls == [server.url + "/prepare_weights_update", server.url + "/complete_weights_update"]
+        assert calls == [
+            server.url + "/prepare_weights_update",
+            server.url + "/complete_weights_update",
+        ]
         assert result["success"] and result["applied"]
         assert result["num_buckets_received"] == n_buckets
         assert [r["rank"] for r in result["rank_results"]] == list(range(tp))
         expected = dict(new)
         got = sampled(server.url)
         for name in SAMPLED:
-            want = expected[name].float().flatten()[: 4].tolist() if name == "model.norm.weight" else None
+            want = (
+                expected[name].float().flatten()[:4].tolist()
+                if name == "model.norm.weight"
+                else None
+            )
             if want is not None:
                 assert got[name] == want
             assert got[name] != original_sampled[name]
         assert client.get_weight_version(server.url) == "v-new"
         assert greedy(server.url) != original_out
 
-        update_two_phase(trainer, model_weights, load_format=load_format, bucket_bytes=bucket_bytes)
+        update_two_phase(
+            trainer, model_weights, load_format=load_format, bucket_bytes=bucket_bytes
+        )
         assert greedy(server.url) == original_out
         assert sampled(server.url) == original_sampled
     finally:
@@ -104,7 +129,9 @@ def test_every_parameter_value_lands(server_tp1, trainer_tp1, model_weights):
     name = "model.layers.0.mlp.down_proj.weight"
     new = randomized(model_weights, seed=7)
     update_two_phase(trainer_tp1, new)
-    got = torch.tensor(client.get_weights_by_name(server_tp1.url, name, truncate_size=10**6))
+    got = torch.tensor(
+        client.get_weights_by_name(server_tp1.url, name, truncate_size=10**6)
+    )
     assert torch.equal(got, dict(new)[name].float())
     update_two_phase(trainer_tp1, model_weights)
 
@@ -154,7 +181,9 @@ def test_serving_continues_during_the_transfer(server_tp1, trainer_tp1, model_we
         window["end"] = time.monotonic()
 
     new = randomized(model_weights, seed=3)
-    (result,) = update_two_phase(trainer_tp1, new, bucket_bytes=64 << 10, between_buckets=hold)
+    (result,) = update_two_phase(
+        trainer_tp1, new, bucket_bytes=64 << 10, between_buckets=hold
+    )
     thread.join(120)
     assert result["success"]
     assert not errors, errors
@@ -172,16 +201,39 @@ GOOD = {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[64]]
 
 def bad_prepare_cases(group: str):
     def req(buckets, **kw):
-        return {"num_buckets": len(buckets), "buckets": buckets, "group_name": group, **kw}
+        return {
+            "num_buckets": len(buckets),
+            "buckets": buckets,
+            "group_name": group,
+            **kw,
+        }
 
     return [
-        ({**req([GOOD]), "num_buckets": 2}, "num_buckets: 2 disagrees with len(buckets) = 1"),
-        (req([{**GOOD, "dtypes": []}]), "buckets[0]: names, dtypes and shapes differ in length"),
-        (req([{**GOOD, "dtypes": ["bfloat17"]}]), "buckets[0].dtypes[0]: unknown dtype 'bfloat17'"),
-        (req([{**GOOD, "shapes": [[-64]]}]), "buckets[0].shapes[0]: dimension -64 is negative"),
-        (req([{**GOOD, "shapes": [[6.4]]}]), "buckets[0].shapes[0]: dimension 6.4 is not an integer"),
+        (
+            {**req([GOOD]), "num_buckets": 2},
+            "num_buckets: 2 disagrees with len(buckets) = 1",
+        ),
+        (
+            req([{**GOOD, "dtypes": []}]),
+            "buckets[0]: names, dtypes and shapes differ in length",
+        ),
+        (
+            req([{**GOOD, "dtypes": ["bfloat17"]}]),
+            "buckets[0].dtypes[0]: unknown dtype 'bfloat17'",
+        ),
+        (
+            req([{**GOOD, "shapes": [[-64]]}]),
+            "buckets[0].shapes[0]: dimension -64 is negative",
+        ),
+        (
+            req([{**GOOD, "shapes": [[6.4]]}]),
+            "buckets[0].shapes[0]: dimension 6.4 is not an integer",
+        ),
         (req([GOOD, GOOD]), "buckets[1].names[0]: duplicate name 'model.norm.weight'"),
-        (req([{**GOOD, "names": ["model.norm.wieght"]}]), "buckets[0].names[0]: the model has no parameter"),
+        (
+            req([{**GOOD, "names": ["model.norm.wieght"]}]),
+            "buckets[0].names[0]: the model has no parameter",
+        ),
         (req([GOOD], group_name="nope"), "group_name: no update group 'nope'"),
         (req([GOOD], load_format="zip"), "load_format: 'zip' is not one of"),
         (req([{**GOOD, "digest": "md5:abc"}]), "buckets[0].digest: expected 'wsum64:"),
@@ -196,28 +248,47 @@ def test_bad_metadata_is_rejected_naming_the_field(server_tp1, trainer_tp1):
         assert resp.json()["status"] == "error"
         assert message in resp.json()["message"], (message, resp.json())
     # Nothing was left open by the rejections.
-    assert post(server_tp1.url, "/abort_weights_update", {"group_name": trainer_tp1.group_name}).status_code == 409
+    assert (
+        post(
+            server_tp1.url,
+            "/abort_weights_update",
+            {"group_name": trainer_tp1.group_name},
+        ).status_code
+        == 409
+    )
 
 
 def test_staging_over_budget_is_413(server_tp1, trainer_tp1):
-    huge = {"names": ["model.embed_tokens.weight"], "dtypes": ["float32"], "shapes": [[512, 65536]]}
+    huge = {
+        "names": ["model.embed_tokens.weight"],
+        "dtypes": ["float32"],
+        "shapes": [[512, 65536]],
+    }
     resp = post(server_tp1.url, "/prepare_weights_update",
                 {"num_buckets": 1, "buckets": [huge], "group_name": trainer_tp1.group_name})  # fmt: skip
     assert resp.status_code == 413
-    assert "more than the --weight-update-staging-budget-mb of 64.0 MiB" in resp.json()["message"]
+    assert (
+        "more than the --weight-update-staging-budget-mb of 64.0 MiB"
+        in resp.json()["message"]
+    )
 
 
 def test_session_already_open_is_409_and_protocol_order(server_tp1, trainer_tp1):
     url, group = server_tp1.url, trainer_tp1.group_name
     payload = {"num_buckets": 1, "buckets": [GOOD], "group_name": group}
     resp = post(url, "/complete_weights_update", {"group_name": group})
-    assert resp.status_code == 409 and "call /prepare_weights_update first" in resp.json()["message"]
+    assert (
+        resp.status_code == 409
+        and "call /prepare_weights_update first" in resp.json()["message"]
+    )
     resp = post(url, "/abort_weights_update", {"group_name": group})
     assert resp.status_code == 409 and "nothing to abort" in resp.json()["message"]
     assert post(url, "/prepare_weights_update", payload).json()["status"] == "ready"
     second = post(url, "/prepare_weights_update", payload)
     assert second.status_code == 409 and "already open" in second.json()["message"]
-    norm = torch.tensor(client.get_weights_by_name(url, "model.norm.weight", truncate_size=10**6))
+    norm = torch.tensor(
+        client.get_weights_by_name(url, "model.norm.weight", truncate_size=10**6)
+    )
     dist.broadcast(norm.to(torch.bfloat16), src=0, group=trainer_tp1.group)
     first = post(url, "/complete_weights_update", {"group_name": group})
     assert first.status_code == 200 and first.json()["success"]
@@ -227,10 +298,14 @@ def test_session_already_open_is_409_and_protocol_order(server_tp1, trainer_tp1)
 
 def test_verify_only_then_apply(server_tp1, trainer_tp1, model_weights):
     before = greedy(server_tp1.url)
-    (result,) = update_two_phase(trainer_tp1, randomized(model_weights, 11), apply=False)
+    (result,) = update_two_phase(
+        trainer_tp1, randomized(model_weights, 11), apply=False
+    )
     assert result["success"] and result["ready_to_apply"] and not result["applied"]
     assert greedy(server_tp1.url) == before, "verify-only must not apply"
-    applied = client.complete_weights_update(server_tp1.url, group_name=trainer_tp1.group_name)
+    applied = client.complete_weights_update(
+        server_tp1.url, group_name=trainer_tp1.group_name
+    )
     assert applied["applied"]
     assert greedy(server_tp1.url) != before
     update_two_phase(trainer_tp1, model_weights)
@@ -240,12 +315,16 @@ def test_verify_only_then_apply(server_tp1, trainer_tp1, model_weights):
 # --- faults -------------------------------------------------------------------
 
 
-def test_corrupted_bucket_fails_naming_it_weights_untouched(server_tp1, trainer_tp1, model_weights):
+def test_corrupted_bucket_fails_naming_it_weights_untouched(
+    server_tp1, trainer_tp1, model_weights
+):
     url, group = server_tp1.url, trainer_tp1.group_name
     before_out, before_sampled = greedy(url), sampled(url)
     buckets = plan_buckets(randomized(model_weights, 5), 64 << 10)
     meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
-    client.prepare_weights_update(url, meta, group_name=group, load_format="flattened_bucket")
+    client.prepare_weights_update(
+        url, meta, group_name=group, load_format="flattened_bucket"
+    )
     for i, b in enumerate(buckets):
         flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors])
         if i == 2:
@@ -266,11 +345,15 @@ def test_swapped_buckets_are_caught(server_tp1, trainer_tp1, model_weights):
     url, group = server_tp1.url, trainer_tp1.group_name
     before = greedy(url)
     buckets = plan_buckets(randomized(model_weights, 6), 64 << 10)
-    same = [i for i in range(len(buckets) - 1) if buckets[i].nbytes == buckets[i + 1].nbytes]
+    same = [
+        i for i in range(len(buckets) - 1) if buckets[i].nbytes == buckets[i + 1].nbytes
+    ]
     assert same, "need two buckets of one size"
     a = same[0]
     meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
-    client.prepare_weights_update(url, meta, group_name=group, load_format="flattened_bucket")
+    client.prepare_weights_update(
+        url, meta, group_name=group, load_format="flattened_bucket"
+    )
     order = list(range(len(buckets)))
     order[a], order[a + 1] = order[a + 1], order[a]
     for i in order:
@@ -284,7 +367,9 @@ def test_swapped_buckets_are_caught(server_tp1, trainer_tp1, model_weights):
 
 def _dying_trainer(url: str, port: int, group: str, meta: list, first: torch.Tensor):
     pg = join_update_group("127.0.0.1", port, 2, group_name=group, timeout=60)
-    client.prepare_weights_update(url, meta, group_name=group, load_format="flattened_bucket")
+    client.prepare_weights_update(
+        url, meta, group_name=group, load_format="flattened_bucket"
+    )
     dist.broadcast(first, src=0, group=pg)
     os._exit(17)  # killed mid-transfer: no goodbye
 
@@ -302,7 +387,9 @@ def test_trainer_killed_mid_transfer(server_tp1, model_weights):
                     world_size=2, group_name=group, backend="gloo"),
     )  # fmt: skip
     init.start()
-    proc = mp.get_context("spawn").Process(target=_dying_trainer, args=(url, port, group, meta, first))
+    proc = mp.get_context("spawn").Process(
+        target=_dying_trainer, args=(url, port, group, meta, first)
+    )
     proc.start()
     proc.join(60)
     init.join(60)
@@ -347,7 +434,11 @@ def test_abort_while_waiting_for_bytes_that_never_come(server_tp1, model_weights
 def test_admin_key_required(start_server, model_weights):
     server = start_server(tp=1, extra_args=["--admin-api-key", "s3cret"])
     payload = {"num_buckets": 1, "buckets": [GOOD], "group_name": "g"}
-    for endpoint in ("/prepare_weights_update", "/complete_weights_update", "/abort_weights_update"):
+    for endpoint in (
+        "/prepare_weights_update",
+        "/complete_weights_update",
+        "/abort_weights_update",
+    ):
         assert post(server.url, endpoint, payload).status_code == 401, endpoint
         wrong = requests.post(server.url + endpoint, json=payload,
                               headers={"Authorization": "Bearer nope"}, timeout=30)  # fmt: skip
@@ -369,24 +460,39 @@ def test_complete_waiting_for_bytes_does_not_hold_serving_and_times_out_open(
     before = greedy(url)
     buckets = plan_buckets(randomized(model_weights, 13), 64 << 10)
     meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
-    flats = [torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors]) for b in buckets]
-    client.prepare_weights_update(url, meta, group_name=group, load_format="flattened_bucket")
+    flats = [
+        torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors]) for b in buckets
+    ]
+    client.prepare_weights_update(
+        url, meta, group_name=group, load_format="flattened_bucket"
+    )
     half = len(flats) // 2
     for flat in flats[:half]:
         dist.broadcast(flat, src=0, group=trainer_tp1.group)
     waiting = threading.Thread(
-        target=lambda: results.append(post(url, "/complete_weights_update", {"group_name": group, "timeout": 4}))
+        target=lambda: results.append(
+            post(url, "/complete_weights_update", {"group_name": group, "timeout": 4})
+        )
     )
     results: list = []
     waiting.start()
     t0 = time.monotonic()
-    out = requests.post(url + "/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
-    assert out.status_code == 200 and time.monotonic() - t0 < 2.0, "generation held by complete"
+    out = requests.post(
+        url + "/generate",
+        json={"text": "x", "sampling_params": {"max_new_tokens": 4}},
+        timeout=30,
+    )
+    assert (
+        out.status_code == 200 and time.monotonic() - t0 < 2.0
+    ), "generation held by complete"
     assert waiting.is_alive(), "complete should still be waiting for the rest"
     waiting.join(30)
     body = results[0].json()
     assert results[0].status_code == 400
-    assert f"timed out after 4s with {half} buckets received; complete again or abort" in body["message"]
+    assert (
+        f"timed out after 4s with {half} buckets received; complete again or abort"
+        in body["message"]
+    )
     assert greedy(url) == before
     for flat in flats[half:]:
         dist.broadcast(flat, src=0, group=trainer_tp1.group)

@@ -61,12 +61,17 @@ def test_wheel_ships_every_upstream_file_and_patched_ones(wheel, upstream_tree):
 def test_wheel_in_fresh_venv_layered_on_pinned_env(tmp_path):
     """Install into a new venv that borrows the pinned stack through a .pth."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
+    )
     py = venv / "bin" / "python"
     site = subprocess.check_output(
-        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        text=True,
     ).strip()
-    (Path(site) / "pinned-stack.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    (Path(site) / "pinned-stack.pth").write_text(
+        sysconfig.get_paths()["purelib"] + "\n"
+    )
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet",
          "--no-deps", "--no-index", "--ignore-installed", str(WHEEL)],
@@ -85,7 +90,11 @@ def test_wheel_in_fresh_venv_layered_on_pinned_env(tmp_path):
 def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
     # Build from a copy: setuptools leaves build/ and *.egg-info beside its input.
     src = tmp_path / "src"
-    shutil.copytree(ROOT / "python", src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    shutil.copytree(
+        ROOT / "python",
+        src,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+    )
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
          "-w", str(tmp_path), str(src)],
@@ -94,5 +103,8 @@ def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
     (whl,) = tmp_path.glob("rlsync-*.whl")
     with zipfile.ZipFile(whl) as zf:
         meta = next(n for n in zf.namelist() if n.endswith("METADATA"))
-        assert {Requirement(r).name for r in requires(zf.read(meta).decode())} == {"torch", "httpx"}
+        assert {Requirement(r).name for r in requires(zf.read(meta).decode())} == {
+            "torch",
+            "httpx",
+        }
         assert not [n for n in zf.namelist() if n.startswith("sglang/")]

@@ -62,7 +62,9 @@ def is_git_toplevel(tree: Path) -> bool:
     if not (tree / ".git").exists():
         return False
     proc = git(tree, "rev-parse", "--show-toplevel", check=False)
-    return proc.returncode == 0 and Path(proc.stdout.strip()).resolve() == tree.resolve()
+    return (
+        proc.returncode == 0 and Path(proc.stdout.strip()).resolve() == tree.resolve()
+    )
 
 
 def check_tree(tree: Path, pin: Pin) -> Path:
@@ -89,7 +91,9 @@ def _apply(tree: Path, patches: list[Path], *flags: str) -> tuple[bool, str]:
     """Apply patches one after another (git apply cannot stack two patches
     of one file in a single call); stops at the first failure."""
     for patch in patches:
-        proc = git(tree, "apply", "--whitespace=nowarn", *flags, str(patch), check=False)
+        proc = git(
+            tree, "apply", "--whitespace=nowarn", *flags, str(patch), check=False
+        )
         if proc.returncode != 0:
             return False, f"{patch.name}:\n{(proc.stdout + proc.stderr).strip()}"
     return True, ""
@@ -171,15 +175,21 @@ def revert_series(tree: Path, pin: Pin, patches: list[Path]) -> str:
     return f"reverted {len(patches)} patches from {tree}"
 
 
-def pr_branch(tree: Path, pin: Pin, patches: list[Path], branch: str | None = None) -> str:
+def pr_branch(
+    tree: Path, pin: Pin, patches: list[Path], branch: str | None = None
+) -> str:
     """A branch off HEAD with one commit per patch; the checkout is untouched."""
     tree = check_tree(tree, pin)
     if not is_git_toplevel(tree):
         raise CheckoutError(f"{tree}: not a git checkout; pr-branch needs one")
     branch = branch or f"rlsync/{pin.version}-series{pin.series}"
-    exists = git(tree, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False)
+    exists = git(
+        tree, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
+    )
     if exists.returncode == 0:
-        raise CheckoutError(f"branch {branch} already exists in {tree}; delete it first")
+        raise CheckoutError(
+            f"branch {branch} already exists in {tree}; delete it first"
+        )
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp) / "scratch"
         git(tree, "worktree", "add", "--quiet", "-b", branch, str(scratch), "HEAD")

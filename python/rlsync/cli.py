@@ -71,11 +71,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlsync", description=__doc__)
     parser.add_argument("--root", help="rlsync checkout (default: found from cwd)")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("upstream", help="fetch, verify and unpack the pinned sdist").set_defaults(fn=cmd_upstream)
-    sub.add_parser("worktree", help="build/work: pin + series as git commits").set_defaults(fn=cmd_worktree)
-    sub.add_parser("patches", help="re-export the series from build/work").set_defaults(fn=cmd_patches)
-    sub.add_parser("overlay", help="regenerate overlay/ from pristine + series").set_defaults(fn=cmd_overlay)
-    sub.add_parser("check", help="fail on any drift between series and overlay").set_defaults(fn=cmd_check)
+    sub.add_parser(
+        "upstream", help="fetch, verify and unpack the pinned sdist"
+    ).set_defaults(fn=cmd_upstream)
+    sub.add_parser(
+        "worktree", help="build/work: pin + series as git commits"
+    ).set_defaults(fn=cmd_worktree)
+    sub.add_parser("patches", help="re-export the series from build/work").set_defaults(
+        fn=cmd_patches
+    )
+    sub.add_parser(
+        "overlay", help="regenerate overlay/ from pristine + series"
+    ).set_defaults(fn=cmd_overlay)
+    sub.add_parser(
+        "check", help="fail on any drift between series and overlay"
+    ).set_defaults(fn=cmd_check)
     for name, fn, text in (
         ("apply", checkout.apply_series, "apply the series to an SGLang checkout"),
         ("revert", checkout.revert_series, "remove the series from an SGLang checkout"),
@@ -84,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         p = sub.add_parser(name, help=text)
         p.add_argument("sglang_dir", metavar="SGLANG_DIR")
         if name == "pr-branch":
-            p.add_argument("--branch", help="branch name (default rlsync/<pin>-series<n>)")
+            p.add_argument(
+                "--branch", help="branch name (default rlsync/<pin>-series<n>)"
+            )
         p.set_defaults(fn=_checkout_cmd(fn))
     args = parser.parse_args(argv)
     try:

@@ -88,7 +88,9 @@ def init_weights_update_group(
     admin_key: Optional[str] = None,
 ) -> dict[str, Any]:
     assert rank_offset >= 1, "rank 0 is the trainer; engines start at 1"
-    assert world_size > rank_offset, f"world_size {world_size} <= rank_offset {rank_offset}"
+    assert (
+        world_size > rank_offset
+    ), f"world_size {world_size} <= rank_offset {rank_offset}"
     payload = dict(
         master_address=master_address, master_port=master_port, rank_offset=rank_offset,
         world_size=world_size, group_name=group_name, backend=backend,
@@ -106,7 +108,9 @@ def destroy_weights_update_group(
     admin_key: Optional[str] = None,
 ) -> dict[str, Any]:
     endpoint = "/destroy_weights_update_group"
-    body = call(url, endpoint, {"group_name": group_name}, timeout=timeout, admin_key=admin_key)
+    body = call(
+        url, endpoint, {"group_name": group_name}, timeout=timeout, admin_key=admin_key
+    )
     return _ok(url, endpoint, body)
 
 
@@ -124,7 +128,9 @@ def update_weights_from_distributed(
     admin_key: Optional[str] = None,
 ) -> dict[str, Any]:
     """Upstream's single-phase update (for unpatched servers)."""
-    assert len(names) == len(dtypes) == len(shapes), "names/dtypes/shapes lengths differ"
+    assert (
+        len(names) == len(dtypes) == len(shapes)
+    ), "names/dtypes/shapes lengths differ"
     payload: dict[str, Any] = dict(
         names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes],
         group_name=group_name, flush_cache=flush_cache,
@@ -242,5 +248,7 @@ def abort_weights_update(
     admin_key: Optional[str] = None,
 ) -> dict[str, Any]:
     endpoint = "/abort_weights_update"
-    body = call(url, endpoint, {"group_name": group_name}, timeout=timeout, admin_key=admin_key)
+    body = call(
+        url, endpoint, {"group_name": group_name}, timeout=timeout, admin_key=admin_key
+    )
     return _ok(url, endpoint, body)

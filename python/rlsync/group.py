@@ -45,7 +45,9 @@ def join_update_group(
     assert group_name, "group_name cannot be empty"
     td = timedelta(seconds=timeout)
     init_method = f"tcp://{master_address}:{master_port}"
-    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=td))
+    store, rank, world_size = next(
+        rendezvous(init_method, rank, world_size, timeout=td)
+    )
     store.set_timeout(td)
     pg, _ = _new_process_group_helper(
         world_size,

@@ -43,7 +43,9 @@ def read_pin(path: Path) -> Pin:
         if not sep:
             raise PinError(f"{path}:{lineno}: expected 'key = value', got {line!r}")
         fields[key.strip()] = value.strip()
-    missing = [k for k in ("name", "version", "sdist", "sha256", "series") if k not in fields]
+    missing = [
+        k for k in ("name", "version", "sdist", "sha256", "series") if k not in fields
+    ]
     if missing:
         raise PinError(f"{path}: missing {', '.join(missing)}")
     try:

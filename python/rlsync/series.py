@@ -114,7 +114,9 @@ def find_root(start: Path | None = None) -> Path:
     for cand in (here, *here.parents):
         if (cand / "upstream.pin").is_file() and (cand / "patches").is_dir():
             return cand
-    raise SeriesError(f"no rlsync checkout (upstream.pin + patches/) at or above {here}")
+    raise SeriesError(
+        f"no rlsync checkout (upstream.pin + patches/) at or above {here}"
+    )
 
 
 # --- the series -----------------------------------------------------------
@@ -182,10 +184,14 @@ def lint_patch(patch: Path) -> list[str]:
         problems.append(f"{patch.name}: {name} has more than one diff; merge them")
     for old, new in _INDEX_LINE.findall(text):
         if not (_FULL_HASH.match(old) and _FULL_HASH.match(new)):
-            problems.append(f"{patch.name}: abbreviated index {old}..{new}; use --full-index")
+            problems.append(
+                f"{patch.name}: abbreviated index {old}..{new}; use --full-index"
+            )
             break
     if not re.match(r"From 0{40} ", text):
-        problems.append(f"{patch.name}: first line must be 'From 0000... ' (--zero-commit)")
+        problems.append(
+            f"{patch.name}: first line must be 'From 0000... ' (--zero-commit)"
+        )
     return problems
 
 
@@ -195,14 +201,18 @@ def lint_patch(patch: Path) -> list[str]:
 def apply_patches(tree: Path, patches: list[Path], *extra: str) -> None:
     """Apply the series in order to a plain (non-git) tree, naming a failure."""
     for patch in patches:
-        proc = git(tree, "apply", "--whitespace=nowarn", *extra, str(patch), check=False)
+        proc = git(
+            tree, "apply", "--whitespace=nowarn", *extra, str(patch), check=False
+        )
         if proc.returncode != 0:
             raise SeriesError(
                 f"{patch.name} does not apply cleanly:\n{proc.stderr.strip()}"
             )
 
 
-def patched_tree(layout: Layout, dest: Path, patches: list[Path] | None = None) -> list[str]:
+def patched_tree(
+    layout: Layout, dest: Path, patches: list[Path] | None = None
+) -> list[str]:
     """Write pristine + series for the files the series touches into `dest`."""
     patches = layout.patches() if patches is None else patches
     files = series_files(patches)
@@ -282,7 +292,9 @@ def check(layout: Layout) -> list[str]:
         present = set(overlay_files(layout))
         for rel in files:
             if rel not in present:
-                problems.append(f"overlay/{rel}: missing (a patch touches it; run `make overlay`)")
+                problems.append(
+                    f"overlay/{rel}: missing (a patch touches it; run `make overlay`)"
+                )
                 continue
             expected = (Path(tmp) / rel).read_bytes()
             actual = (layout.overlay_dir / rel).read_bytes()
@@ -347,7 +359,9 @@ def export_patches(layout: Layout) -> list[Path]:
         )  # fmt: skip
         exported = sorted(Path(tmp).glob("*.patch"))
         for path in exported:
-            text = re.sub(r"^Date: .*$", f"Date: {PATCH_DATE}", path.read_text(), 1, re.M)
+            text = re.sub(
+                r"^Date: .*$", f"Date: {PATCH_DATE}", path.read_text(), 1, re.M
+            )
             path.write_text(text)
         for old in layout.patches_dir.glob("*.patch"):
             old.unlink()
