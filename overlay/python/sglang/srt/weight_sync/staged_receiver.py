@@ -393,21 +393,35 @@ class StagedWeightReceiver:
             self._done.set()
 
     def _receive_all(self) -> None:
+        # Each bucket is verified once the next one is on the wire, so the
+        # digest overlaps the transfer instead of following it.
+        arrived: Optional[BucketSpec] = None
         for bucket in self.buckets:
             region = self.bucket_bytes(bucket.index)
             if self.load_format == "flattened_bucket":
-                if not self._broadcast(region):
+                work = self._post(region)
+                if work is None:
+                    return
+                if arrived is not None:
+                    self._finish(arrived)
+                if not self._wait(work, region.is_cuda):
                     return
             else:
+                if arrived is not None:
+                    self._finish(arrived)
                 for spec in bucket.tensors:
                     if not self._receive_tensor(region, spec):
                         return
-            # Verify here, off the scheduler thread, while later buckets fly.
-            t0 = time.perf_counter()
-            self._check_digest(bucket)
-            self.stats.verify_seconds += time.perf_counter() - t0
-            self.stats.buckets_received += 1
-            self.stats.bytes_received += bucket.nbytes
+            arrived = bucket
+        if arrived is not None:
+            self._finish(arrived)
+
+    def _finish(self, bucket: BucketSpec) -> None:
+        t0 = time.perf_counter()
+        self._check_digest(bucket)
+        self.stats.verify_seconds += time.perf_counter() - t0
+        self.stats.buckets_received += 1
+        self.stats.bytes_received += bucket.nbytes
 
     def _receive_tensor(self, region: torch.Tensor, spec: TensorSpec) -> bool:
         view = _typed_view(region, spec)
@@ -423,13 +437,21 @@ class StagedWeightReceiver:
         return True
 
     def _broadcast(self, tensor: torch.Tensor) -> bool:
+        work = self._post(tensor)
+        return work is not None and self._wait(work, tensor.is_cuda)
+
+    def _post(self, tensor: torch.Tensor) -> Optional[dist.Work]:
         if self._abort.is_set():
             self.error = "aborted"
-            return False
+            return None
         work = dist.broadcast(tensor, src=self.src, group=self.group, async_op=True)
         self.pending_work = work
+        return work
+
+    def _wait(self, work: dist.Work, is_cuda: bool) -> bool:
+        """Wait for one posted receive, checking for an abort meanwhile."""
         while True:
-            if tensor.is_cuda:
+            if is_cuda:
                 if work.is_completed():
                     break
                 time.sleep(0.0005)
@@ -443,7 +465,7 @@ class StagedWeightReceiver:
             if self._abort.is_set():
                 self.error = "aborted while waiting for bytes from the sender"
                 return False
-        if tensor.is_cuda:
+        if is_cuda:
             work.wait()
         self.pending_work = None
         return True
