@@ -42,7 +42,7 @@ from harness.tiny_model import make_tiny_model  # noqa: E402
 from rlsync import client  # noqa: E402
 from rlsync.digest import digest_bytes  # noqa: E402
 from rlsync.group import join_update_group, leave_update_group  # noqa: E402
-from rlsync.planner import dtype_name, plan_buckets  # noqa: E402
+from rlsync.planner import plan_buckets  # noqa: E402
 
 pool = cf.ThreadPoolExecutor(8)
 

@@ -13,12 +13,9 @@ import torch.distributed as dist
 from harness.cpu_sglang import free_port
 from rlsync import client
 from rlsync.group import join_update_group
+from rlsync.planner import dtype_name
 
 _pool = cf.ThreadPoolExecutor(max_workers=8)
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 class GlooTrainer:

@@ -13,9 +13,10 @@ import pytest
 import requests
 
 from harness.cpu_sglang import Server, free_port
-from harness.trainer import GlooTrainer, dtype_name
+from harness.trainer import GlooTrainer
 from rlsync import client
 from rlsync.group import join_update_group, leave_update_group
+from rlsync.planner import dtype_name
 
 pool = cf.ThreadPoolExecutor(max_workers=8)
 LATE_JOIN_S = 10.0
