@@ -1,0 +1,262 @@
+"""WeightSender: the trainer's rank 0 of one update group spanning N engines.
+
+`sync()` plans buckets, prepares every engine in parallel, broadcasts each
+bucket in the flattened layout, and completes every engine in parallel: two
+HTTP calls per engine (three with `atomic=True`, where every engine first
+verifies and only then do all apply). A failure before or during the
+broadcast aborts every engine, so the old weights keep serving everywhere.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from rlsync import client
+from rlsync.digest import digest_tensors
+from rlsync.group import join_update_group, leave_update_group
+from rlsync.planner import Bucket, plan_buckets
+
+logger = logging.getLogger(__name__)
+
+Weights = Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]]]
+
+
+@dataclass(frozen=True)
+class Engine:
+    url: str
+    tp_size: int = 1
+    admin_key: Optional[str] = None
+
+
+@dataclass
+class EngineOutcome:
+    url: str
+    success: bool
+    applied: bool
+    message: str
+    weight_version: Optional[str] = None
+
+
+@dataclass
+class SyncResult:
+    bytes: int
+    buckets: int
+    seconds: float
+    http_calls: int
+    weight_version: Optional[str]
+    engines: list[EngineOutcome] = field(default_factory=list)
+
+    @property
+    def gbps(self) -> float:
+        return self.bytes / self.seconds / 1e9 if self.seconds else 0.0
+
+    @property
+    def success(self) -> bool:
+        return all(e.applied for e in self.engines)
+
+
+class SyncError(RuntimeError):
+    def __init__(self, step: str, message: str, result: Optional[SyncResult] = None):
+        super().__init__(f"{step}: {message}")
+        self.step = step
+        self.result = result
+
+
+def _flatten(bucket: Bucket, device: Optional[torch.device]) -> torch.Tensor:
+    parts = [
+        t.detach().contiguous().reshape(-1).view(torch.uint8) for t in bucket.tensors
+    ]
+    flat = torch.cat(parts)
+    return flat if device is None else flat.to(device, non_blocking=True)
+
+
+class WeightSender:
+    def __init__(
+        self,
+        engines: list[Engine],
+        *,
+        master_address: str = "127.0.0.1",
+        master_port: int,
+        group_name: str = "rlsync",
+        backend: str = "nccl",
+        bucket_bytes: int = 1 << 30,
+        digests: bool = True,
+        device: Optional[torch.device] = None,
+        timeout: float = 300.0,
+    ):
+        assert engines, "WeightSender needs at least one engine"
+        assert len({e.url for e in engines}) == len(engines), "duplicate engine URL"
+        self.engines = engines
+        self.master_address, self.master_port = master_address, master_port
+        self.group_name, self.backend = group_name, backend
+        self.bucket_bytes, self.digests = bucket_bytes, digests
+        self.device, self.timeout = device, timeout
+        self.world_size = 1 + sum(e.tp_size for e in engines)
+        self.group: Optional[dist.ProcessGroup] = None
+        self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(engines)))
+
+    def _each(self, fn, engines=None) -> list[tuple[Engine, object]]:
+        """fn(engine) on every engine at once; exceptions are returned, not raised."""
+        engines = self.engines if engines is None else engines
+        futures = [(e, self._pool.submit(fn, e)) for e in engines]
+        out = []
+        for engine, fut in futures:
+            try:
+                out.append((engine, fut.result()))
+            except Exception as e:
+                out.append((engine, e))
+        return out
+
+    def connect(self) -> None:
+        """Every engine joins the group (rank offsets in list order), then us."""
+        offsets, offset = {}, 1
+        for e in self.engines:
+            offsets[e.url], offset = offset, offset + e.tp_size
+        futures = [
+            self._pool.submit(
+                client.init_weights_update_group,
+                e.url,
+                master_address=self.master_address,
+                master_port=self.master_port,
+                rank_offset=offsets[e.url],
+                world_size=self.world_size,
+                group_name=self.group_name,
+                backend=self.backend,
+                timeout=self.timeout,
+                admin_key=e.admin_key,
+            )  # fmt: skip
+            for e in self.engines
+        ]
+        self.group = join_update_group(
+            self.master_address, self.master_port, self.world_size,
+            group_name=self.group_name, backend=self.backend, timeout=self.timeout,
+        )  # fmt: skip
+        for fut in futures:
+            fut.result()
+
+    def _abort_all(self, engines=None) -> list[str]:
+        notes = []
+        for engine, res in self._each(
+            lambda e: client.abort_weights_update(
+                e.url, group_name=self.group_name, admin_key=e.admin_key
+            ),
+            engines,
+        ):
+            if isinstance(res, Exception):
+                notes.append(f"{engine.url}: abort failed: {res}")
+            elif not res.get("group_usable", True):
+                notes.append(f"{engine.url}: group must be re-initialised")
+        return notes
+
+    def sync(
+        self,
+        weights: Weights,
+        weight_version: Optional[str] = None,
+        atomic: bool = False,
+    ) -> SyncResult:
+        assert self.group is not None, "call connect() first"
+        named = (
+            weights.named_parameters()
+            if isinstance(weights, torch.nn.Module)
+            else weights
+        )
+        buckets = plan_buckets(named, self.bucket_bytes)
+        assert buckets, "nothing to send"
+        meta = [
+            b.meta(digest_tensors(b.tensors) if self.digests else None) for b in buckets
+        ]
+        total = sum(b.nbytes for b in buckets)
+        t0 = time.perf_counter()
+        calls = 0
+
+        prepared = self._each(
+            lambda e: client.prepare_weights_update(
+                e.url, meta, group_name=self.group_name, load_format="flattened_bucket",
+                weight_version=weight_version, admin_key=e.admin_key,
+            )  # fmt: skip
+        )
+        calls += len(self.engines)
+        failed = [(e, r) for e, r in prepared if isinstance(r, Exception)]
+        if failed:
+            ok = [e for e, r in prepared if not isinstance(r, Exception)]
+            notes = self._abort_all(ok)
+            raise SyncError(
+                "prepare",
+                "; ".join(f"{e.url}: {r}" for e, r in failed)
+                + (f" (others aborted: {'; '.join(notes) or 'ok'})"),
+            )
+        try:
+            for bucket in buckets:
+                dist.broadcast(_flatten(bucket, self.device), src=0, group=self.group)
+        except BaseException as exc:
+            notes = self._abort_all()
+            raise SyncError(
+                "broadcast", f"{type(exc).__name__}: {exc}; every engine aborted "
+                f"({'; '.join(notes) or 'groups usable'})",
+            ) from exc  # fmt: skip
+
+        outcomes: dict[str, EngineOutcome] = {}
+        if atomic:
+            verified = self._each(
+                lambda e: client.complete_weights_update(
+                    e.url,
+                    group_name=self.group_name,
+                    apply=False,
+                    admin_key=e.admin_key,
+                )
+            )
+            calls += len(self.engines)
+            bad = [(e, r) for e, r in verified if isinstance(r, Exception)]
+            if bad:
+                notes = self._abort_all(
+                    [e for e, r in verified if not isinstance(r, Exception)]
+                )
+                raise SyncError(
+                    "verify", "; ".join(f"{e.url}: {r}" for e, r in bad)
+                    + f"; no engine applied (others aborted: {'; '.join(notes) or 'ok'})",
+                )  # fmt: skip
+        done = self._each(
+            lambda e: client.complete_weights_update(
+                e.url, group_name=self.group_name, weight_version=weight_version,
+                admin_key=e.admin_key,
+            )  # fmt: skip
+        )
+        calls += len(self.engines)
+        for engine, res in done:
+            if isinstance(res, Exception):
+                outcomes[engine.url] = EngineOutcome(engine.url, False, False, str(res))
+            else:
+                outcomes[engine.url] = EngineOutcome(
+                    engine.url, True, bool(res.get("applied")), res.get("message", ""),
+                    weight_version,
+                )  # fmt: skip
+        result = SyncResult(
+            bytes=total, buckets=len(buckets), seconds=time.perf_counter() - t0,
+            http_calls=calls, weight_version=weight_version,
+            engines=[outcomes[e.url] for e in self.engines],
+        )  # fmt: skip
+        logger.info(
+            "rlsync sync: %d bytes, %d buckets, %d HTTP calls, %.3f s, %.2f GB/s, "
+            "applied on %d/%d engines", total, len(buckets), calls, result.seconds,
+            result.gbps, sum(e.applied for e in result.engines), len(self.engines),
+        )  # fmt: skip
+        return result
+
+    def close(self) -> None:
+        for engine, _ in self._each(
+            lambda e: client.destroy_weights_update_group(
+                e.url, group_name=self.group_name, admin_key=e.admin_key
+            )
+        ):
+            pass
+        if self.group is not None:
+            leave_update_group(self.group)
+            self.group = None
+        self._pool.shutdown(wait=False)
