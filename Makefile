@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make test                       venv + wheel + the whole suite (real SGLang on CPU)"
-	@echo "make demo                       two real servers, three two-phase syncs"
+	@echo "make demo                       (not yet: arrives with the trainer library, issue 5)"
 	@echo "make upstream                   fetch + verify + unpack the pinned sdist (build/upstream/python)"
 	@echo "make worktree                   build/work: git repo at the pin, one commit per patch"
 	@echo "make patches                    re-export patches/ from build/work (deterministic)"
