@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from rlsync.pin import Pin
-from rlsync.series import IDENTITY, SeriesError, git, series_files
+from rlsync.series import IDENTITY, SeriesError, apply_patches, git, series_files
 
 
 class CheckoutError(SeriesError):
@@ -88,14 +88,11 @@ def check_tree(tree: Path, pin: Pin) -> Path:
 
 
 def _apply(tree: Path, patches: list[Path], *flags: str) -> tuple[bool, str]:
-    """Apply patches one after another (git apply cannot stack two patches
-    of one file in a single call); stops at the first failure."""
-    for patch in patches:
-        proc = git(
-            tree, "apply", "--whitespace=nowarn", *flags, str(patch), check=False
-        )
-        if proc.returncode != 0:
-            return False, f"{patch.name}:\n{(proc.stdout + proc.stderr).strip()}"
+    """`apply_patches` (one patch after another), as (ok, why)."""
+    try:
+        apply_patches(tree, patches, *flags)
+    except SeriesError as e:
+        return False, str(e)
     return True, ""
 
 

@@ -199,14 +199,16 @@ def lint_patch(patch: Path) -> list[str]:
 
 
 def apply_patches(tree: Path, patches: list[Path], *extra: str) -> None:
-    """Apply the series in order to a plain (non-git) tree, naming a failure."""
+    """Apply patches one after another, naming the first that fails (git
+    apply cannot stack two patches of one file in a single call)."""
     for patch in patches:
         proc = git(
             tree, "apply", "--whitespace=nowarn", *extra, str(patch), check=False
         )
         if proc.returncode != 0:
             raise SeriesError(
-                f"{patch.name} does not apply cleanly:\n{proc.stderr.strip()}"
+                f"{patch.name} does not apply cleanly:\n"
+                f"{(proc.stdout + proc.stderr).strip()}"
             )
 
 
