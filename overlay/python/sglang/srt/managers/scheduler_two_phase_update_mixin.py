@@ -48,7 +48,6 @@ class _Session:
     group_name: str
     receiver: StagedWeightReceiver
     verified: bool = False
-    started: float = 0.0
 
 
 def _known_name_checker(model) -> Optional[Callable[[str], bool]]:
@@ -152,9 +151,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 status_code=failed[0]["status_code"],
             )
         receiver.start()
-        self._two_phase_session = _Session(
-            recv_req.group_name, receiver, started=time.perf_counter()
-        )
+        self._two_phase_session = _Session(recv_req.group_name, receiver)
         return PrepareWeightsUpdateReqOutput(
             status="ready",
             message="",

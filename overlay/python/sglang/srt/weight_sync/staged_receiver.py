@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -39,7 +39,7 @@ _DTYPES: Dict[str, torch.dtype] = {
 
 
 class WeightsUpdateError(ValueError):
-    """Bad input: `field` names what was wrong, `status_code` the HTTP answer."""
+    """Bad input: the message names the field, `status_code` is the HTTP answer."""
 
     def __init__(self, message: str, status_code: int = 400):
         super().__init__(message)
