@@ -200,7 +200,7 @@ class Trainer:
         for flat in flats:
             dist.broadcast(flat, src=0, group=self.pg)
         done = client.complete_weights_update(self.url, group_name=self.group_name)
-        self.last_stats = done["stats"]  # where the server's time went
+        self.last_stats = done.stats  # where the server's time went
         return 2
 
     def close(self):

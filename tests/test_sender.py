@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import requests
 import torch
 
 from harness.cpu_sglang import free_port
+from harness.weights import greedy as served_greedy
+from harness.weights import randomized
 from rlsync import client
 from rlsync.sender import Engine, SyncError, WeightSender
 
@@ -14,24 +15,7 @@ PROMPT = "Fleet"
 
 
 def greedy(url: str) -> list[int]:
-    resp = requests.post(
-        url + "/generate",
-        json={
-            "text": PROMPT,
-            "sampling_params": {"max_new_tokens": 10, "temperature": 0},
-        },
-        timeout=60,
-    )
-    resp.raise_for_status()
-    return resp.json()["output_ids"]
-
-
-def randomized(weights, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        (n, (torch.randn(t.shape, generator=gen) * 0.05).to(t.dtype))
-        for n, t in weights
-    ]
+    return served_greedy(url, PROMPT, 10)
 
 
 @pytest.fixture

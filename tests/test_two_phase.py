@@ -17,6 +17,8 @@ import torch.distributed as dist
 
 from harness.cpu_sglang import free_port
 from harness.trainer import GlooTrainer, update_two_phase
+from harness.weights import greedy as served_greedy
+from harness.weights import randomized
 from rlsync import client
 from rlsync.digest import digest_tensors
 from rlsync.group import join_update_group, leave_update_group
@@ -31,28 +33,11 @@ SAMPLED = [
 
 
 def greedy(url: str, n: int = 12) -> list[int]:
-    resp = requests.post(
-        url + "/generate",
-        json={
-            "text": PROMPT,
-            "sampling_params": {"max_new_tokens": n, "temperature": 0},
-        },
-        timeout=60,
-    )
-    resp.raise_for_status()
-    return resp.json()["output_ids"]
+    return served_greedy(url, PROMPT, n)
 
 
 def sampled(url: str) -> dict[str, list]:
     return {n: client.get_weights_by_name(url, n, truncate_size=4) for n in SAMPLED}
-
-
-def randomized(weights, seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        (n, (torch.randn(t.shape, generator=gen) * 0.05).to(t.dtype))
-        for n, t in weights
-    ]
 
 
 def post(url: str, endpoint: str, payload: dict) -> requests.Response:
@@ -98,9 +83,9 @@ def test_full_update_then_restore(
             server.url + "/prepare_weights_update",
             server.url + "/complete_weights_update",
         ]
-        assert result["success"] and result["applied"]
-        assert result["num_buckets_received"] == n_buckets
-        assert [r["rank"] for r in result["rank_results"]] == list(range(tp))
+        assert result.success and result.applied
+        assert result.num_buckets_received == n_buckets
+        assert [r.rank for r in result.rank_results] == list(range(tp))
         expected = dict(new)
         got = sampled(server.url)
         for name in SAMPLED:
@@ -142,7 +127,7 @@ def test_race_is_gone_50_updates_without_sleep(server_tp1, trainer_tp1, model_we
     for i in range(50):
         weights = small if i % 2 == 0 else randomized(small, seed=i)
         (result,) = update_two_phase(trainer_tp1, weights, bucket_bytes=32 << 10)
-        assert result["success"], (i, result)
+        assert result.success, (i, result)
     update_two_phase(trainer_tp1, model_weights)
     assert greedy(server_tp1.url) == before
 
@@ -185,7 +170,7 @@ def test_serving_continues_during_the_transfer(server_tp1, trainer_tp1, model_we
         trainer_tp1, new, bucket_bytes=64 << 10, between_buckets=hold
     )
     thread.join(120)
-    assert result["success"]
+    assert result.success
     assert not errors, errors
     during = [t for t in tokens_at if window["start"] <= t <= window["end"]]
     assert len(during) >= 5, f"only {len(during)} tokens while the transfer was open"
@@ -301,12 +286,12 @@ def test_verify_only_then_apply(server_tp1, trainer_tp1, model_weights):
     (result,) = update_two_phase(
         trainer_tp1, randomized(model_weights, 11), apply=False
     )
-    assert result["success"] and result["ready_to_apply"] and not result["applied"]
+    assert result.success and result.ready_to_apply and not result.applied
     assert greedy(server_tp1.url) == before, "verify-only must not apply"
     applied = client.complete_weights_update(
         server_tp1.url, group_name=trainer_tp1.group_name
     )
-    assert applied["applied"]
+    assert applied.applied
     assert greedy(server_tp1.url) != before
     update_two_phase(trainer_tp1, model_weights)
     assert greedy(server_tp1.url) == before
@@ -338,7 +323,7 @@ def test_corrupted_bucket_fails_naming_it_weights_untouched(
     assert greedy(url) == before_out and sampled(url) == before_sampled
     # The transfer itself completed: the group is still usable.
     (ok,) = update_two_phase(trainer_tp1, model_weights)
-    assert ok["success"]
+    assert ok.success
 
 
 def test_swapped_buckets_are_caught(server_tp1, trainer_tp1, model_weights):
@@ -405,7 +390,7 @@ def test_trainer_killed_mid_transfer(server_tp1, model_weights):
     trainer = GlooTrainer([url], [1], group_name=f"after_{port}")
     try:
         (ok,) = update_two_phase(trainer, model_weights)
-        assert ok["success"] and greedy(url) == before_out
+        assert ok.success and greedy(url) == before_out
     finally:
         trainer.close()
 
@@ -419,14 +404,14 @@ def test_abort_while_waiting_for_bytes_that_never_come(server_tp1, model_weights
     t0 = time.monotonic()
     body = client.abort_weights_update(url, group_name=trainer.group_name)
     assert time.monotonic() - t0 < 5
-    assert body["success"] and body["group_usable"] is False
-    assert "call /init_weights_update_group again" in body["message"]
+    assert body.success and body.group_usable is False
+    assert "call /init_weights_update_group again" in body.message
     assert greedy(url) == before
     leave_update_group(trainer.group)
     trainer2 = GlooTrainer([url], [1], group_name=trainer.group_name)
     try:
         (ok,) = update_two_phase(trainer2, model_weights)
-        assert ok["success"]
+        assert ok.success
     finally:
         trainer2.close()
 
@@ -446,7 +431,7 @@ def test_admin_key_required(start_server, model_weights):
     trainer = GlooTrainer([server.url], [1], group_name="keyed", admin_key="s3cret")
     try:
         (ok,) = update_two_phase(trainer, model_weights)
-        assert ok["success"]
+        assert ok.success
     finally:
         trainer.close()
 
@@ -497,6 +482,6 @@ def test_complete_waiting_for_bytes_does_not_hold_serving_and_times_out_open(
     for flat in flats[half:]:
         dist.broadcast(flat, src=0, group=trainer_tp1.group)
     done = client.complete_weights_update(url, group_name=group)
-    assert done["applied"] and greedy(url) != before
+    assert done.applied and greedy(url) != before
     update_two_phase(trainer_tp1, model_weights)
     assert greedy(url) == before

@@ -7,9 +7,21 @@ the endpoint, the HTTP status and the server's own message.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, TypeVar, Union
 
 import httpx
+
+from rlsync.protocol import (
+    AbortWeightsUpdateResponse,
+    BucketMetadata,
+    CompleteWeightsUpdateRequest,
+    CompleteWeightsUpdateResponse,
+    PrepareWeightsUpdateRequest,
+    PrepareWeightsUpdateResponse,
+    ProtocolError,
+)
+
+T = TypeVar("T")
 
 
 class EngineError(RuntimeError):
@@ -70,6 +82,13 @@ def _ok(url: str, endpoint: str, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict) or not body.get("success", False):
         raise EngineError(url, endpoint, 200, _message(body))
     return body
+
+
+def _parse(url: str, endpoint: str, cls: type[T], body: Any) -> T:
+    try:
+        return cls.from_json(body)  # type: ignore[attr-defined]
+    except ProtocolError as e:
+        raise EngineError(url, endpoint, 200, str(e)) from e
 
 
 # --- upstream endpoints ---------------------------------------------------
@@ -181,11 +200,46 @@ def get_weight_version(url: str, *, timeout: float = 10.0) -> str:
 
 def health(url: str, *, generate: bool = False, timeout: float = 10.0) -> int:
     """HTTP status of /health (or /health_generate); 0 when unreachable."""
+    return health_detail(url, generate=generate, timeout=timeout)[0]
+
+
+def health_detail(
+    url: str, *, generate: bool = False, timeout: float = 10.0
+) -> tuple[int, str]:
+    """(HTTP status, body) of /health or /health_generate; (0, why) when
+    unreachable. With the series, a 200 body names the weight operations in
+    flight and a 503 body the one past its deadline."""
+    endpoint = "/health_generate" if generate else "/health"
     try:
-        endpoint = "/health_generate" if generate else "/health"
-        return httpx.get(url.rstrip("/") + endpoint, timeout=timeout).status_code
-    except httpx.HTTPError:
-        return 0
+        resp = httpx.get(url.rstrip("/") + endpoint, timeout=timeout)
+    except httpx.HTTPError as e:
+        return 0, f"{type(e).__name__}: {e}"
+    return resp.status_code, resp.text
+
+
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+def pause_generation(
+    url: str,
+    *,
+    mode: str = "abort",
+    timeout: float = 60.0,
+    admin_key: Optional[str] = None,
+) -> dict[str, Any]:
+    """Upstream's /pause_generation: `abort` returns in-flight requests,
+    `retract` puts them back in the queue, `in_place` keeps them and their KV
+    cache for /continue_generation."""
+    assert mode in PAUSE_MODES, f"mode must be one of {PAUSE_MODES}, got {mode!r}"
+    return call(
+        url, "/pause_generation", {"mode": mode}, timeout=timeout, admin_key=admin_key
+    )
+
+
+def continue_generation(
+    url: str, *, timeout: float = 60.0, admin_key: Optional[str] = None
+) -> dict[str, Any]:
+    return call(url, "/continue_generation", {}, timeout=timeout, admin_key=admin_key)
 
 
 # --- two-phase update (rlsync series) --------------------------------------
@@ -193,27 +247,27 @@ def health(url: str, *, generate: bool = False, timeout: float = 10.0) -> int:
 
 def prepare_weights_update(
     url: str,
-    buckets: Sequence[dict[str, Any]],
+    buckets: Sequence[Union[BucketMetadata, dict[str, Any]]],
     *,
     group_name: str = "weight_update_group",
     load_format: Optional[str] = None,
     weight_version: Optional[str] = None,
     timeout: float = 120.0,
     admin_key: Optional[str] = None,
-) -> dict[str, Any]:
+) -> PrepareWeightsUpdateResponse:
     """Answers once the server's receiver runs: broadcast right after."""
     assert buckets, "an update needs at least one bucket"
-    payload: dict[str, Any] = dict(
-        num_buckets=len(buckets), buckets=list(buckets), group_name=group_name,
-        load_format=load_format,
+    request = PrepareWeightsUpdateRequest(
+        num_buckets=len(buckets),
+        buckets=[b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets],
+        group_name=group_name, load_format=load_format, weight_version=weight_version,
     )  # fmt: skip
-    if weight_version is not None:
-        payload["weight_version"] = weight_version
     endpoint = "/prepare_weights_update"
-    body = call(url, endpoint, payload, timeout=timeout, admin_key=admin_key)
-    if not isinstance(body, dict) or body.get("status") != "ready":
-        raise EngineError(url, endpoint, 200, _message(body))
-    return body
+    body = call(url, endpoint, request.to_json(), timeout=timeout, admin_key=admin_key)
+    answer = _parse(url, endpoint, PrepareWeightsUpdateResponse, body)
+    if answer.status != "ready":
+        raise EngineError(url, endpoint, 200, answer.message or answer.status)
+    return answer
 
 
 def complete_weights_update(
@@ -225,19 +279,21 @@ def complete_weights_update(
     apply: bool = True,
     wait_timeout: Optional[float] = None,
     drain: bool = False,
+    release_staging: bool = False,
     timeout: float = 600.0,
     admin_key: Optional[str] = None,
-) -> dict[str, Any]:
-    payload: dict[str, Any] = dict(
-        group_name=group_name, flush_cache=flush_cache, apply=apply, drain=drain
-    )
-    if weight_version is not None:
-        payload["weight_version"] = weight_version
-    if wait_timeout is not None:
-        payload["timeout"] = wait_timeout
+) -> CompleteWeightsUpdateResponse:
+    """Waits (server side, up to `wait_timeout`) for every bucket, verifies,
+    applies unless `apply=False`. A failed complete raises EngineError."""
+    request = CompleteWeightsUpdateRequest(
+        group_name=group_name, flush_cache=flush_cache, weight_version=weight_version,
+        apply=apply, timeout=wait_timeout, drain=drain, release_staging=release_staging,
+    )  # fmt: skip
     endpoint = "/complete_weights_update"
-    body = call(url, endpoint, payload, timeout=timeout, admin_key=admin_key)
-    return _ok(url, endpoint, body)
+    body = call(url, endpoint, request.to_json(), timeout=timeout, admin_key=admin_key)
+    return _parse(
+        url, endpoint, CompleteWeightsUpdateResponse, _ok(url, endpoint, body)
+    )
 
 
 def abort_weights_update(
@@ -246,9 +302,29 @@ def abort_weights_update(
     group_name: str = "weight_update_group",
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
-) -> dict[str, Any]:
+) -> AbortWeightsUpdateResponse:
     endpoint = "/abort_weights_update"
     body = call(
         url, endpoint, {"group_name": group_name}, timeout=timeout, admin_key=admin_key
     )
-    return _ok(url, endpoint, body)
+    return _parse(url, endpoint, AbortWeightsUpdateResponse, _ok(url, endpoint, body))
+
+
+# --- weights checker (rlsync series) ----------------------------------------
+
+
+def weights_checksum(
+    url: str, *, timeout: float = 300.0, admin_key: Optional[str] = None
+) -> dict[str, Any]:
+    """`/weights_checker` action "checksum": {"checksum", "num_tensors",
+    "num_bytes", "rank_results": [{"rank", "checksum", ...}]}. SHA256 over
+    every tensor's name, dtype, shape and bytes; inference on the server
+    waits while it runs. Comparable across servers of the same TP size."""
+    endpoint = "/weights_checker"
+    body = call(
+        url, endpoint, {"action": "checksum"}, timeout=timeout, admin_key=admin_key
+    )
+    body = _ok(url, endpoint, body)
+    if "checksum" not in body or not body.get("rank_results"):
+        raise EngineError(url, endpoint, 200, f"no checksum in {body!r}")
+    return body

@@ -151,7 +151,7 @@ class WeightSender:
         ):
             if isinstance(res, Exception):
                 notes.append(f"{engine.url}: abort failed: {res}")
-            elif not res.get("group_usable", True):
+            elif not res.group_usable:
                 notes.append(f"{engine.url}: group must be re-initialised")
         return notes
 
@@ -234,7 +234,7 @@ class WeightSender:
                 outcomes[engine.url] = EngineOutcome(engine.url, False, False, str(res))
             else:
                 outcomes[engine.url] = EngineOutcome(
-                    engine.url, True, bool(res.get("applied")), res.get("message", ""),
+                    engine.url, True, res.applied, res.message,
                     weight_version,
                 )  # fmt: skip
         result = SyncResult(

@@ -182,6 +182,7 @@ from sglang.srt.utils.json_response import (
     orjson_response,
 )
 from sglang.srt.utils.watchdog import SubprocessWatchdog
+from sglang.srt.weight_sync.weight_checksum import merge_rank_checksums
 from sglang.utils import get_exception_traceback
 from sglang.version import __version__
 
@@ -1233,10 +1234,14 @@ async def resume_memory_occupation(
 @app.post("/weights_checker")
 @auth_level(AuthLevel.ADMIN_OPTIONAL)
 async def check_weights(obj: CheckWeightsReqInput, request: Request):
-    success, message = await _global_state.tokenizer_manager.check_weights(obj, request)
+    success, message, rank_results = (
+        await _global_state.tokenizer_manager.check_weights(obj, request)
+    )
+    content = {"success": success, "message": message, "rank_results": rank_results}
+    if success and obj.action == "checksum":
+        content.update(merge_rank_checksums(rank_results))
     return ORJSONResponse(
-        {"success": success, "message": message},
-        status_code=200 if success else HTTPStatus.BAD_REQUEST,
+        content, status_code=200 if success else HTTPStatus.BAD_REQUEST
     )
 
 

@@ -1532,6 +1532,9 @@ class CheckWeightsReqInput(BaseReq):
 class CheckWeightsReqOutput(BaseReq):
     success: bool
     message: str
+    # One per TP rank: rank, success, message (and checksum, num_tensors,
+    # num_bytes for action "checksum")
+    rank_results: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

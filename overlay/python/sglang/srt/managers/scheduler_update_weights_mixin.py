@@ -191,12 +191,20 @@ class SchedulerUpdateWeightsMixin:
 
     def check_weights(self: Scheduler, recv_req: CheckWeightsReqInput):
         try:
-            self.tp_worker.model_runner.check_weights(action=recv_req.action)
-            return CheckWeightsReqOutput(success=True, message="Success.")
+            extra = self.tp_worker.model_runner.check_weights(action=recv_req.action)
+            local = {"success": True, "message": "Success.", **(extra or {})}
         except Exception as e:
             logger.warning(f"check_weights see error: {e}")
             traceback.print_exc()
-            return CheckWeightsReqOutput(success=False, message=f"{e}")
+            local = {"success": False, "message": f"{e}"}
+        # Every TP rank ran the action; answer for all of them.
+        rank_results = self._gather_rank_results(local)
+        failed = [r for r in rank_results if not r["success"]]
+        return CheckWeightsReqOutput(
+            success=not failed,
+            message=failed[0]["message"] if failed else "Success.",
+            rank_results=rank_results,
+        )
 
     def save_remote_model(self: Scheduler, params):
         url = params["url"]

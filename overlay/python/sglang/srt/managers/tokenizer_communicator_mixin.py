@@ -858,7 +858,8 @@ class TokenizerCommunicatorMixin:
     ) -> CheckWeightsReqOutput:
         self.auto_create_handle_loop()
         results = await self.check_weights_communicator(obj)
-        return _Communicator.merge_results(results)
+        success, message = _Communicator.merge_results(results)
+        return success, message, [r for res in results for r in res.rank_results]
 
     async def slow_down(
         self: TokenizerManager,

@@ -1,0 +1,150 @@
+"""Typed messages of the two-phase protocol (seed 000's types, plus the
+extensions the rlsync series accepts).
+
+Requests serialise with `to_json()`; answers parse with `from_json()`, which
+checks the fields seed 000 requires and keeps any extra field the server adds
+in `extra` instead of failing on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, TypeVar
+
+T = TypeVar("T")
+
+
+class ProtocolError(ValueError):
+    """An answer that does not have the shape of the protocol's type."""
+
+
+def _from_json(cls: type[T], body: Any) -> T:
+    if not isinstance(body, dict):
+        raise ProtocolError(f"{cls.__name__}: expected a JSON object, got {body!r}")
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "extra"}
+    missing = [
+        name
+        for name, f in known.items()
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and name not in body
+    ]
+    if missing:
+        raise ProtocolError(f"{cls.__name__}: missing {', '.join(missing)} in {body!r}")
+    kwargs = {k: v for k, v in body.items() if k in known}
+    extra = {k: v for k, v in body.items() if k not in known}
+    return cls(**kwargs, extra=extra)  # type: ignore[call-arg]
+
+
+def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+@dataclass
+class BucketMetadata:
+    names: list[str]
+    dtypes: list[str]  # e.g. "bfloat16", "float32"
+    shapes: list[list[int]]
+    digest: Optional[str] = None  # "wsum64:<s1>:<s2>", checked before apply
+
+    def __post_init__(self):
+        assert (
+            len(self.names) == len(self.dtypes) == len(self.shapes)
+        ), f"names/dtypes/shapes lengths differ: {len(self.names)}/{len(self.dtypes)}/{len(self.shapes)}"
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_none(dataclasses.asdict(self))
+
+
+@dataclass
+class PrepareWeightsUpdateRequest:
+    num_buckets: int
+    buckets: list[BucketMetadata]
+    group_name: str
+    load_format: Optional[str] = None  # None | "flattened_bucket"
+    weight_version: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        body = dict(
+            num_buckets=self.num_buckets,
+            buckets=[b.to_json() for b in self.buckets],
+            group_name=self.group_name,
+            load_format=self.load_format,
+        )
+        if self.weight_version is not None:
+            body["weight_version"] = self.weight_version
+        return body
+
+
+@dataclass
+class PrepareWeightsUpdateResponse:
+    status: str  # "ready" or "error"
+    message: str = ""
+    num_bytes: int = 0
+    staging_reused: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, body: Any) -> "PrepareWeightsUpdateResponse":
+        return _from_json(cls, body)
+
+
+@dataclass
+class CompleteWeightsUpdateRequest:
+    group_name: str
+    flush_cache: bool = False
+    weight_version: Optional[str] = None
+    apply: bool = True  # False: wait and verify only
+    timeout: Optional[float] = None  # server-side wait for the last bucket
+    drain: bool = False  # let in-flight requests finish before applying
+    release_staging: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return _drop_none(dataclasses.asdict(self))
+
+
+@dataclass
+class RankResult:
+    rank: int
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class CompleteWeightsUpdateResponse:
+    success: bool
+    num_buckets_received: int = 0
+    message: str = ""
+    applied: bool = False
+    ready_to_apply: bool = False
+    stats: dict[str, Any] = field(default_factory=dict)
+    rank_results: list[RankResult] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, body: Any) -> "CompleteWeightsUpdateResponse":
+        out = _from_json(cls, body)
+        out.rank_results = [
+            r if isinstance(r, RankResult) else _rank_result(r)
+            for r in out.rank_results
+        ]
+        return out
+
+
+def _rank_result(r: Any) -> RankResult:
+    if not isinstance(r, dict) or "rank" not in r or "success" not in r:
+        raise ProtocolError(f"rank_results: malformed entry {r!r}")
+    return RankResult(int(r["rank"]), bool(r["success"]), str(r.get("message", "")))
+
+
+@dataclass
+class AbortWeightsUpdateResponse:
+    success: bool
+    message: str = ""
+    group_usable: bool = True  # False: re-initialise the group
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, body: Any) -> "AbortWeightsUpdateResponse":
+        return _from_json(cls, body)
