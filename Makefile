@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make test                       venv + wheel + the whole suite (real SGLang on CPU)"
-	@echo "make demo                       (not yet: arrives with the trainer library, issue 5)"
+	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
 	@echo "make upstream                   fetch + verify + unpack the pinned sdist (build/upstream/python)"
 	@echo "make worktree                   build/work: git repo at the pin, one commit per patch"
 	@echo "make patches                    re-export patches/ from build/work (deterministic)"
@@ -67,8 +67,8 @@ format:
 clean:
 	rm -rf build dist .pytest_cache
 
-demo:
-	@echo "make demo arrives with the trainer library (issue 5); nothing to run yet" >&2; exit 1
+demo: install
+	@$(VENV_PY) -m harness.demo
 
 bench-cpu: install
 	@$(VENV_PY) bench/cpu_sync.py

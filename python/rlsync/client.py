@@ -36,7 +36,7 @@ class EngineError(RuntimeError):
         )
 
 
-def _headers(admin_key: Optional[str]) -> dict[str, str]:
+def bearer_headers(admin_key: Optional[str]) -> dict[str, str]:
     return {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
 
 
@@ -57,7 +57,7 @@ def call(
     try:
         resp = httpx.request(
             method, url + endpoint, json=payload, timeout=timeout,
-            headers=_headers(admin_key),
+            headers=bearer_headers(admin_key),
         )  # fmt: skip
     except httpx.HTTPError as e:
         raise EngineError(url, endpoint, None, f"{type(e).__name__}: {e}") from e
@@ -66,11 +66,11 @@ def call(
     except ValueError:
         body = resp.text
     if resp.status_code >= 400:
-        raise EngineError(url, endpoint, resp.status_code, _message(body))
+        raise EngineError(url, endpoint, resp.status_code, error_message(body))
     return body
 
 
-def _message(body: Any) -> str:
+def error_message(body: Any) -> str:
     if isinstance(body, dict):
         for key in ("message", "detail", "error"):
             if body.get(key):
@@ -80,7 +80,7 @@ def _message(body: Any) -> str:
 
 def _ok(url: str, endpoint: str, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict) or not body.get("success", False):
-        raise EngineError(url, endpoint, 200, _message(body))
+        raise EngineError(url, endpoint, 200, error_message(body))
     return body
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -25,7 +26,46 @@ from rlsync.planner import Bucket, plan_buckets
 
 logger = logging.getLogger(__name__)
 
-Weights = Union[torch.nn.Module, Iterable[tuple[str, torch.Tensor]]]
+Weights = Union[
+    torch.nn.Module, Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]
+]
+# progress(buckets_sent, buckets_total, bytes_sent)
+Progress = Callable[[int, int, int], None]
+
+
+def named_tensors(weights: Weights) -> Iterable[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of a module's parameters, a state dict or any
+    iterable of pairs; tensors are referenced, never copied."""
+    if isinstance(weights, torch.nn.Module):
+        return weights.named_parameters()
+    if isinstance(weights, Mapping):
+        return weights.items()
+    return weights
+
+
+def progress_bar(desc: str = "rlsync sync") -> Progress:
+    """A tqdm bar over buckets where tqdm is installed, else a line on stderr
+    per bucket."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        tqdm = None
+    state: dict = {}
+
+    def update(sent: int, total: int, nbytes: int) -> None:
+        if tqdm is None:
+            print(
+                f"{desc}: bucket {sent}/{total}, {nbytes / 1e6:.1f} MB", file=sys.stderr
+            )
+            return
+        if "bar" not in state:
+            state["bar"] = tqdm(total=total, desc=desc, unit="bucket")
+        state["bar"].update(sent - state["bar"].n)
+        state["bar"].set_postfix_str(f"{nbytes / 1e6:.1f} MB")
+        if sent == total:
+            state.pop("bar").close()
+
+    return update
 
 
 @dataclass(frozen=True)
@@ -160,14 +200,14 @@ class WeightSender:
         weights: Weights,
         weight_version: Optional[str] = None,
         atomic: bool = False,
+        progress: Union[bool, Progress] = False,
     ) -> SyncResult:
+        """Push `weights` (a module, a state dict or (name, tensor) pairs) to
+        every engine. `atomic`: no engine applies until all have verified.
+        `progress`: True for a bar over buckets, or a callable."""
         assert self.group is not None, "call connect() first"
-        named = (
-            weights.named_parameters()
-            if isinstance(weights, torch.nn.Module)
-            else weights
-        )
-        buckets = plan_buckets(named, self.bucket_bytes)
+        report = progress_bar() if progress is True else (progress or None)
+        buckets = plan_buckets(named_tensors(weights), self.bucket_bytes)
         assert buckets, "nothing to send"
         meta = [
             b.meta(digest_tensors(b.tensors) if self.digests else None) for b in buckets
@@ -193,8 +233,7 @@ class WeightSender:
                 + (f" (others aborted: {'; '.join(notes) or 'ok'})"),
             )
         try:
-            for bucket in buckets:
-                dist.broadcast(_flatten(bucket, self.device), src=0, group=self.group)
+            self._broadcast(buckets, report)
         except BaseException as exc:
             notes = self._abort_all()
             raise SyncError(
@@ -248,6 +287,22 @@ class WeightSender:
             result.gbps, sum(e.applied for e in result.engines), len(self.engines),
         )  # fmt: skip
         return result
+
+    def _broadcast(self, buckets: list[Bucket], report: Optional[Progress]) -> None:
+        """One broadcast per bucket; bucket k+1 is packed while k is on the wire."""
+        in_flight = None  # (work, flat): the buffer must live until the work ends
+        sent = 0
+        for i, bucket in enumerate(buckets):
+            flat = _flatten(bucket, self.device)
+            if in_flight is not None:
+                in_flight[0].wait()
+            work = dist.broadcast(flat, src=0, group=self.group, async_op=True)
+            in_flight = (work, flat)
+            sent += bucket.nbytes
+            if report is not None:
+                report(i + 1, len(buckets), sent)
+        if in_flight is not None:
+            in_flight[0].wait()
 
     def close(self) -> None:
         for engine, _ in self._each(
