@@ -68,3 +68,56 @@ def test_trainer_exception_mid_broadcast_aborts_every_engine(
     assert "group must be re-initialised" in str(err.value)
     monkeypatch.undo()
     assert [greedy(u) for u in urls] == before, "old weights must keep serving"
+
+
+def test_engine_down_at_prepare_names_it_and_aborts_the_others(
+    server_tp1, start_server, model_weights
+):
+    doomed = start_server(tp=1)
+    sender = WeightSender(
+        [Engine(server_tp1.url, 1), Engine(doomed.url, 1)], master_port=free_port(),
+        group_name=f"down_{free_port()}", backend="gloo", bucket_bytes=64 << 10,
+    )  # fmt: skip
+    sender.connect()
+    before = greedy(server_tp1.url)
+    doomed.stop()
+    try:
+        with pytest.raises(SyncError) as err:
+            sender.sync(randomized(model_weights, 31), weight_version="never")
+        assert err.value.step == "prepare"
+        assert doomed.url in str(err.value) and "/prepare_weights_update" in str(
+            err.value
+        )
+        assert "others aborted" in str(err.value)
+        # The live engine has no session left open and still serves the old weights.
+        assert greedy(server_tp1.url) == before
+        assert client.get_weight_version(server_tp1.url) != "never"
+        with pytest.raises(
+            client.EngineError, match="no weight update session|HTTP 400"
+        ):
+            client.complete_weights_update(server_tp1.url, group_name=sender.group_name)
+    finally:
+        sender.close()
+
+
+def test_sync_takes_a_module_or_a_state_dict(fleet, model_weights):
+    """No second copy of the weights on the trainer: buckets reference them."""
+    url = fleet.engines[0].url
+    before = greedy(url)
+    module = torch.nn.Module()
+    for name, t in randomized(model_weights, 41):
+        holder = module
+        *path, leaf = name.split(".")
+        for part in path:
+            if not hasattr(holder, part):
+                holder.add_module(part, torch.nn.Module())
+            holder = getattr(holder, part)
+        holder.register_parameter(leaf, torch.nn.Parameter(t, requires_grad=False))
+    seen = []
+    assert fleet.sync(module, progress=lambda *a: seen.append(a)).success
+    assert greedy(url) != before
+    assert seen[-1][0] == seen[-1][1] and seen[-1][2] == sum(
+        t.numel() * t.element_size() for _, t in model_weights
+    )
+    assert fleet.sync(dict(model_weights)).success
+    assert greedy(url) == before

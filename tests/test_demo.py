@@ -1,0 +1,21 @@
+"""`make demo` (the README's first command) holds every check it prints."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_demo_runs_three_checked_syncs_under_load():
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.demo"], cwd=ROOT, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    assert "all checks held" in out
+    rows = [line for line in out.splitlines() if line.startswith("step-")]
+    assert len(rows) == 3 and all(line.rstrip().endswith("ok") for line in rows)

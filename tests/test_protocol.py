@@ -1,0 +1,85 @@
+"""Typed protocol messages (seed 000's types) and the sender's helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rlsync.protocol import (
+    BucketMetadata,
+    CompleteWeightsUpdateRequest,
+    CompleteWeightsUpdateResponse,
+    PrepareWeightsUpdateRequest,
+    PrepareWeightsUpdateResponse,
+    ProtocolError,
+    RankResult,
+)
+from rlsync.sender import named_tensors, progress_bar
+
+
+def test_prepare_request_has_seed_000s_fields():
+    req = PrepareWeightsUpdateRequest(
+        num_buckets=1,
+        buckets=[BucketMetadata(["a"], ["bfloat16"], [[2, 3]])],
+        group_name="g",
+    )
+    assert req.to_json() == {
+        "num_buckets": 1,
+        "buckets": [{"names": ["a"], "dtypes": ["bfloat16"], "shapes": [[2, 3]]}],
+        "group_name": "g",
+        "load_format": None,
+    }
+
+
+def test_bucket_metadata_rejects_unequal_lengths():
+    with pytest.raises(AssertionError, match="lengths differ: 2/1/1"):
+        BucketMetadata(["a", "b"], ["bfloat16"], [[1]])
+
+
+def test_complete_request_drops_unset_optionals():
+    assert CompleteWeightsUpdateRequest("g").to_json() == {
+        "group_name": "g", "flush_cache": False, "apply": True, "drain": False,
+        "release_staging": False,
+    }  # fmt: skip
+
+
+def test_answers_parse_keep_extras_and_name_missing_fields():
+    out = CompleteWeightsUpdateResponse.from_json(
+        {"success": True, "num_buckets_received": 3, "message": "",
+         "rank_results": [{"rank": 0, "success": True, "message": ""}], "new": 1}
+    )  # fmt: skip
+    assert out.rank_results == [RankResult(0, True, "")] and out.extra == {"new": 1}
+    with pytest.raises(ProtocolError, match="missing status"):
+        PrepareWeightsUpdateResponse.from_json({"message": "x"})
+    with pytest.raises(ProtocolError, match="expected a JSON object"):
+        CompleteWeightsUpdateResponse.from_json(["success"])
+    with pytest.raises(ProtocolError, match="rank_results: malformed"):
+        CompleteWeightsUpdateResponse.from_json({"success": True, "rank_results": [{}]})
+
+
+def test_named_tensors_references_never_copies():
+    t = torch.ones(3)
+    module = torch.nn.Linear(2, 2)
+    assert [n for n, _ in named_tensors(module)] == ["weight", "bias"]
+    assert next(iter(named_tensors(module)))[1] is module.weight
+    assert list(named_tensors({"x": t}))[0][1] is t
+    assert list(named_tensors([("x", t)]))[0][1] is t
+
+
+def test_progress_bar_without_tqdm_prints_a_line_per_bucket(monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tqdm(name, *a, **k):
+        if name == "tqdm":
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_tqdm)
+    report = progress_bar("sync")
+    report(1, 2, 1_000_000)
+    report(2, 2, 2_000_000)
+    assert capsys.readouterr().err.splitlines() == [
+        "sync: bucket 1/2, 1.0 MB", "sync: bucket 2/2, 2.0 MB"
+    ]  # fmt: skip
