@@ -55,6 +55,22 @@ def test_digest_of_tensors_is_the_flattened_layout():
     assert digest_tensors(ts) == bucket_digest(flat)
 
 
+@pytest.mark.parametrize("seed", range(10))
+def test_digest_of_tensors_without_packing_equals_packed(seed):
+    """Word-aligned tensors are summed in place; a tensor ending mid-word
+    (anywhere but last) falls back to packing. Both give the packed digest."""
+    gen = torch.Generator().manual_seed(seed)
+    dtypes = [torch.bfloat16, torch.float32, torch.int64, torch.uint8]
+    ts = []
+    for _ in range(int(torch.randint(1, 6, (), generator=gen))):
+        dtype = dtypes[int(torch.randint(0, 4, (), generator=gen))]
+        numel = int(torch.randint(1, 300, (), generator=gen)) * (4 if seed % 2 else 1)
+        ts.append(torch.randint(0, 100, (numel,), generator=gen).to(dtype))
+    ts.append(torch.randn(2, 3).t())  # non-contiguous
+    flat = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in ts])
+    assert digest_tensors(ts) == bucket_digest(flat), [t.dtype for t in ts]
+
+
 def named(sizes):
     return [(f"t{i}", torch.empty(s, dtype=torch.uint8)) for i, s in enumerate(sizes)]
 

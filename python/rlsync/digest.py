@@ -16,10 +16,9 @@ ALGORITHM = "wsum64"
 _COLS = 64  # words are summed as a [rows, 64] matrix: two plain reductions
 
 
-def digest_bytes(data: torch.Tensor) -> str:
-    """Digest of a 1-D contiguous uint8 tensor on any device."""
-    assert data.dtype == torch.uint8 and data.dim() == 1, "need 1-D uint8 bytes"
-    assert data.is_contiguous(), "bytes must be contiguous"
+def _sums(data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(s1, s2, words) of 1-D uint8 bytes, the tail zero-padded to a word;
+    s1 and s2 stay on the device (no sync)."""
     dev = data.device
     n = data.numel()
     full = n // 8 * 8
@@ -42,13 +41,40 @@ def digest_bytes(data: torch.Tensor) -> str:
         pos = torch.arange(m + 1, m + 1 + rest.numel(), dtype=torch.int64, device=dev)
         s1 = s1 + rest.sum()
         s2 = s2 + (rest * pos).sum()
+    return s1, s2, m + rest.numel()
+
+
+def _format(s1: torch.Tensor, s2: torch.Tensor) -> str:
     mask = (1 << 64) - 1
     return f"{ALGORITHM}:{s1.item() & mask:016x}:{s2.item() & mask:016x}"
 
 
+def digest_bytes(data: torch.Tensor) -> str:
+    """Digest of a 1-D contiguous uint8 tensor on any device."""
+    assert data.dtype == torch.uint8 and data.dim() == 1, "need 1-D uint8 bytes"
+    assert data.is_contiguous(), "bytes must be contiguous"
+    s1, s2, _ = _sums(data)
+    return _format(s1, s2)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
 def digest_tensors(tensors: list[torch.Tensor]) -> str:
-    """Digest of tensors packed back to back (the flattened-bucket layout)."""
-    flat = torch.cat(
-        [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
-    )
-    return digest_bytes(flat)
+    """Digest of tensors packed back to back (the flattened-bucket layout),
+    without packing them: word i of tensor k is word off_k + i of the bucket,
+    so s2 = sum(s2_k + off_k * s1_k). Falls back to packing when a tensor
+    other than the last ends mid-word."""
+    assert tensors, "need at least one tensor"
+    parts = [_as_bytes(t) for t in tensors]
+    if any(p.numel() % 8 for p in parts[:-1]):
+        return digest_bytes(torch.cat(parts))
+    s1 = s2 = None
+    offset = 0
+    for part in parts:
+        a, b, words = _sums(part)
+        b = b + a * offset
+        s1, s2 = (a, b) if s1 is None else (s1 + a, s2 + b)
+        offset += words
+    return _format(s1, s2)

@@ -109,12 +109,71 @@ class SyncError(RuntimeError):
         self.result = result
 
 
-def _flatten(bucket: Bucket, device: Optional[torch.device]) -> torch.Tensor:
+def _flatten(
+    bucket: Bucket, device: Optional[torch.device], pack: str = "copy"
+) -> torch.Tensor:
+    """The bucket's bytes back to back (SGLang's FlattenedTensorBucket layout).
+    "copy" packs with one memcpy per tensor (copy engines on GPU, so the
+    packing does not take SMs from the broadcast in flight); "cat" with one
+    torch.cat kernel."""
     parts = [
         t.detach().contiguous().reshape(-1).view(torch.uint8) for t in bucket.tensors
     ]
-    flat = torch.cat(parts)
-    return flat if device is None else flat.to(device, non_blocking=True)
+    span = _adjacent_span(parts)
+    if span is not None and (device is None or span.device == device):
+        return span  # already packed in memory (e.g. a trainer's flat buffer)
+    if pack == "cat":
+        flat = torch.cat(parts)
+        return flat if device is None else flat.to(device, non_blocking=True)
+    assert pack == "copy", f"pack must be 'copy' or 'cat', got {pack!r}"
+    flat = torch.empty(
+        bucket.nbytes, dtype=torch.uint8, device=device or parts[0].device
+    )
+    offset = 0
+    for part in parts:
+        flat[offset : offset + part.numel()].copy_(part, non_blocking=True)
+        offset += part.numel()
+    return flat
+
+
+def _adjacent_span(parts: list[torch.Tensor]) -> Optional[torch.Tensor]:
+    """One uint8 view over `parts` when they lie back to back in one storage."""
+    storage = parts[0].untyped_storage()
+    end = parts[0].data_ptr()
+    for part in parts:
+        if (
+            part.untyped_storage().data_ptr() != storage.data_ptr()
+            or part.data_ptr() != end
+        ):
+            return None
+        end += part.numel()
+    start = parts[0].data_ptr() - storage.data_ptr()
+    span = torch.empty(0, dtype=torch.uint8, device=parts[0].device)
+    return span.set_(storage, start, (end - parts[0].data_ptr(),))
+
+
+def broadcast_buckets(
+    buckets: list[Bucket],
+    group: dist.ProcessGroup,
+    device: Optional[torch.device] = None,
+    report: Optional[Progress] = None,
+    pack: str = "copy",
+) -> None:
+    """The data path: one broadcast per bucket from rank 0, in the flattened
+    layout; bucket k+1 is packed while bucket k is on the wire."""
+    in_flight = None  # (work, flat): the buffer must live until the work ends
+    sent = 0
+    for i, bucket in enumerate(buckets):
+        flat = _flatten(bucket, device, pack)
+        if in_flight is not None:
+            in_flight[0].wait()
+        work = dist.broadcast(flat, src=0, group=group, async_op=True)
+        in_flight = (work, flat)
+        sent += bucket.nbytes
+        if report is not None:
+            report(i + 1, len(buckets), sent)
+    if in_flight is not None:
+        in_flight[0].wait()
 
 
 class WeightSender:
@@ -289,20 +348,7 @@ class WeightSender:
         return result
 
     def _broadcast(self, buckets: list[Bucket], report: Optional[Progress]) -> None:
-        """One broadcast per bucket; bucket k+1 is packed while k is on the wire."""
-        in_flight = None  # (work, flat): the buffer must live until the work ends
-        sent = 0
-        for i, bucket in enumerate(buckets):
-            flat = _flatten(bucket, self.device)
-            if in_flight is not None:
-                in_flight[0].wait()
-            work = dist.broadcast(flat, src=0, group=self.group, async_op=True)
-            in_flight = (work, flat)
-            sent += bucket.nbytes
-            if report is not None:
-                report(i + 1, len(buckets), sent)
-        if in_flight is not None:
-            in_flight[0].wait()
+        broadcast_buckets(buckets, self.group, self.device, report)
 
     def close(self) -> None:
         for engine, _ in self._each(

@@ -302,9 +302,9 @@ class SchedulerTwoPhaseUpdateMixin:
         """Stop the receiver, drop a group left mid-collective, free staging."""
         usable = session.receiver.abort()
         abandoned = [
-            (g, w)
-            for g, w in self._abandoned_update_groups or []
-            if not w.is_completed()
+            (g, works)
+            for g, works in self._abandoned_update_groups or []
+            if not all(w.is_completed() for w in works)
         ]
         if not usable:
             group = self.tp_worker.model_runner._model_update_group.pop(
@@ -314,7 +314,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 # Unregister the name so the group can be initialised again,
                 # but keep the object alive until its receive ends.
                 torch.distributed.destroy_process_group(group)
-                abandoned.append((group, session.receiver.pending_work))
+                abandoned.append((group, list(session.receiver.pending_works)))
         self._abandoned_update_groups = abandoned
         self._end_two_phase_session(release=True)
         return usable

@@ -20,9 +20,10 @@ from __future__ import annotations
 import re
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -265,6 +266,8 @@ class ReceiveStats:
     receive_seconds: float = 0.0
     verify_seconds: float = 0.0
     staging_reused: bool = False
+    # Seconds from the start of the receive to each bucket's arrival (verified)
+    bucket_done_seconds: List[float] = field(default_factory=list)
 
 
 class StagedWeightReceiver:
@@ -295,9 +298,10 @@ class StagedWeightReceiver:
         self.digest_errors: List[str] = []
         self._abort = threading.Event()
         self._done = threading.Event()
+        self._t0 = 0.0
         self._started = threading.Event()
-        # A collective posted and not finished; the group is unusable while set.
-        self.pending_work: Optional[dist.Work] = None
+        # Collectives posted and not finished; the group is unusable while any is.
+        self.pending_works: List[dist.Work] = []
         self._stream = (
             torch.cuda.Stream(device=pool.device)
             if pool.device.type == "cuda"
@@ -327,7 +331,7 @@ class StagedWeightReceiver:
         left half-received on it)."""
         self._abort.set()
         self._done.wait(timeout)
-        return self._done.is_set() and self.pending_work is None
+        return self._done.is_set() and not self.pending_works
 
     @property
     def complete(self) -> bool:
@@ -375,7 +379,7 @@ class StagedWeightReceiver:
     # Receive loop ---------------------------------------------------------
 
     def _run(self) -> None:
-        t0 = time.perf_counter()
+        t0 = self._t0 = time.perf_counter()
         try:
             if self._stream is not None:
                 torch.cuda.set_device(self._stream.device)
@@ -393,27 +397,42 @@ class StagedWeightReceiver:
             self._done.set()
 
     def _receive_all(self) -> None:
+        if self.load_format == "flattened_bucket":
+            self._receive_flattened()
+            return
         # Each bucket is verified once the next one is on the wire, so the
         # digest overlaps the transfer instead of following it.
         arrived: Optional[BucketSpec] = None
         for bucket in self.buckets:
             region = self.bucket_bytes(bucket.index)
-            if self.load_format == "flattened_bucket":
-                work = self._post(region)
-                if work is None:
+            if arrived is not None:
+                self._finish(arrived)
+            for spec in bucket.tensors:
+                if not self._receive_tensor(region, spec):
                     return
-                if arrived is not None:
-                    self._finish(arrived)
-                if not self._wait(work, region.is_cuda):
-                    return
-            else:
-                if arrived is not None:
-                    self._finish(arrived)
-                for spec in bucket.tensors:
-                    if not self._receive_tensor(region, spec):
-                        return
             arrived = bucket
         if arrived is not None:
+            self._finish(arrived)
+
+    def _receive_flattened(self) -> None:
+        # Bucket k+1 is posted before bucket k is waited for, so the wire does
+        # not idle between buckets, and k is verified while k+1 arrives.
+        posted: Deque[Tuple[BucketSpec, dist.Work]] = deque()
+        for bucket in self.buckets:
+            region = self.bucket_bytes(bucket.index)
+            work = self._post(region)
+            if work is None:
+                return
+            posted.append((bucket, work))
+            if len(posted) > 1:
+                arrived, work = posted.popleft()
+                if not self._wait(work, region.is_cuda):
+                    return
+                self._finish(arrived)
+        while posted:
+            arrived, work = posted.popleft()
+            if not self._wait(work, self.buffer.is_cuda):
+                return
             self._finish(arrived)
 
     def _finish(self, bucket: BucketSpec) -> None:
@@ -422,6 +441,7 @@ class StagedWeightReceiver:
         self.stats.verify_seconds += time.perf_counter() - t0
         self.stats.buckets_received += 1
         self.stats.bytes_received += bucket.nbytes
+        self.stats.bucket_done_seconds.append(time.perf_counter() - self._t0)
 
     def _receive_tensor(self, region: torch.Tensor, spec: TensorSpec) -> bool:
         view = _typed_view(region, spec)
@@ -445,7 +465,7 @@ class StagedWeightReceiver:
             self.error = "aborted"
             return None
         work = dist.broadcast(tensor, src=self.src, group=self.group, async_op=True)
-        self.pending_work = work
+        self.pending_works.append(work)
         return work
 
     def _wait(self, work: dist.Work, is_cuda: bool) -> bool:
@@ -467,5 +487,5 @@ class StagedWeightReceiver:
                 return False
         if is_cuda:
             work.wait()
-        self.pending_work = None
+        self.pending_works.remove(work)
         return True
