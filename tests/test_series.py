@@ -172,6 +172,18 @@ def test_export_refuses_uncommitted_changes(scratch):
         series.export_patches(scratch)
 
 
+def test_series_number_bump_without_the_server_fails_check(scratch):
+    """/rlsync_info reports the series the wheel is versioned with."""
+    pin = scratch.root / "upstream.pin"
+    pin.write_text(
+        pin.read_text().replace(f"series = {scratch.pin().series}", "series = 99")
+    )
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert "weight_sync/rlsync_info.py: SERIES = " in proc.stderr
+    assert "upstream.pin says series = 99" in proc.stderr
+
+
 def test_pin_names_the_pinned_release():
     pin = read_pin(ROOT / "upstream.pin")
     assert (pin.name, pin.version) == ("sglang", "0.5.10")

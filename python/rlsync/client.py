@@ -310,6 +310,44 @@ def abort_weights_update(
     return _parse(url, endpoint, AbortWeightsUpdateResponse, _ok(url, endpoint, body))
 
 
+# --- capability discovery (rlsync series) ------------------------------------
+
+
+def rlsync_info(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
+    """`/rlsync_info`: {"series", "version", "pin", "features"}. EngineError
+    with a clear message when the server is not patched with rlsync."""
+    endpoint = "/rlsync_info"
+    try:
+        body = call(url, endpoint, method="GET", timeout=timeout)
+    except EngineError as e:
+        if e.status == 404:
+            raise EngineError(
+                e.url, endpoint, 404,
+                "this SGLang server is not patched with rlsync (it has no "
+                "/rlsync_info): install the sglang==0.5.10+rlsync.N wheel or "
+                "`rlsync apply` the series to its checkout",
+            ) from e  # fmt: skip
+        raise
+    if not isinstance(body, dict) or "features" not in body:
+        raise EngineError(url, endpoint, 200, f"no features in {body!r}")
+    return body
+
+
+def require_features(
+    url: str, features: Sequence[str], *, timeout: float = 10.0
+) -> dict:
+    """Fail early, naming what is missing, unless the server has `features`."""
+    info = rlsync_info(url, timeout=timeout)
+    missing = [f for f in features if f not in info["features"]]
+    if missing:
+        raise EngineError(
+            url.rstrip("/"), "/rlsync_info", 200,
+            f"server runs rlsync series {info.get('version')} without "
+            f"{', '.join(missing)}; upgrade its rlsync series",
+        )  # fmt: skip
+    return info
+
+
 # --- weights checker (rlsync series) ----------------------------------------
 
 

@@ -176,6 +176,9 @@ def broadcast_buckets(
         in_flight[0].wait()
 
 
+REQUIRED_FEATURES = ("two_phase_weight_update",)
+
+
 class WeightSender:
     def __init__(
         self,
@@ -214,7 +217,13 @@ class WeightSender:
         return out
 
     def connect(self) -> None:
-        """Every engine joins the group (rank offsets in list order), then us."""
+        """Every engine joins the group (rank offsets in list order), then us.
+        Fails first, naming the engine, if one lacks the two-phase update."""
+        for engine, res in self._each(
+            lambda e: client.require_features(e.url, REQUIRED_FEATURES)
+        ):
+            if isinstance(res, Exception):
+                raise SyncError("connect", str(res))
         offsets, offset = {}, 1
         for e in self.engines:
             offsets[e.url], offset = offset, offset + e.tp_size

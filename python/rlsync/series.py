@@ -308,7 +308,27 @@ def check(layout: Layout) -> list[str]:
                 )
         for rel in sorted(present - set(files)):
             problems.append(f"overlay/{rel}: no patch touches this file")
+    problems.extend(check_series_number(layout))
     return problems
+
+
+INFO_MODULE = "python/sglang/srt/weight_sync/rlsync_info.py"
+
+
+def check_series_number(layout: Layout) -> list[str]:
+    """The series number the server reports (/rlsync_info) is the pin's."""
+    info = layout.overlay_dir / INFO_MODULE
+    if not info.is_file():
+        return []
+    found = re.search(r"^SERIES = (\d+)$", info.read_text(), re.M)
+    want = layout.pin().series
+    if found is None or int(found.group(1)) != int(want):
+        got = found.group(1) if found else "none"
+        return [
+            f"overlay/{INFO_MODULE}: SERIES = {got}, but upstream.pin says "
+            f"series = {want}; bump both together (in build/work)"
+        ]
+    return []
 
 
 # --- developer worktree ---------------------------------------------------

@@ -68,6 +68,7 @@ from sglang.srt.utils.common import (
 )
 from sglang.srt.utils.hf_transformers_utils import check_gguf_file
 from sglang.srt.utils.network import NetworkAddress, get_free_port, wait_port_available
+from sglang.srt.utils.redaction import redacted_repr
 from sglang.srt.utils.runai_utils import ObjectStorageModel, is_runai_obj_uri
 from sglang.utils import is_in_ci
 
@@ -743,12 +744,20 @@ class ServerArgs:
     # For forward hooks
     forward_hooks: Optional[List[dict[str, Any]]] = None
 
+    def __repr__(self) -> str:
+        # Logged at start-up and on updates: never print a key.
+        return redacted_repr(self)
+
     def __post_init__(self):
         """
         Orchestrates the handling of various server arguments, ensuring proper configuration and validation.
         """
 
         self._maybe_download_model_for_runai()
+
+        # The admin key may come from the environment, off the command line.
+        if self.admin_api_key is None:
+            self.admin_api_key = envs.SGLANG_ADMIN_API_KEY.get() or None
 
         # Normalize load balancing defaults early (before dummy-model short-circuit).
         self._handle_load_balance_method()

@@ -105,8 +105,10 @@ from sglang.srt.utils import (
     set_ulimit,
 )
 from sglang.srt.utils.network import get_zmq_socket, is_port_available
+from sglang.srt.utils.redaction import redact_server_args
 from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 from sglang.srt.utils.watchdog import SubprocessWatchdog
+from sglang.srt.weight_sync.rlsync_info import rlsync_info
 from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -843,10 +845,13 @@ class Engine(EngineScoreMixin, EngineBase):
             self.tokenizer_manager.get_internal_state()
         )
         return {
-            **dataclasses.asdict(self.tokenizer_manager.server_args),
+            **redact_server_args(
+                dataclasses.asdict(self.tokenizer_manager.server_args)
+            ),
             **self._scheduler_init_result.scheduler_infos[0],
-            "internal_states": internal_states,
+            "internal_states": [redact_server_args(s) for s in internal_states],
             "version": __version__,
+            "rlsync": rlsync_info(),
         }
 
     def init_weights_update_group(

@@ -181,7 +181,9 @@ from sglang.srt.utils.json_response import (
     dumps_json,
     orjson_response,
 )
+from sglang.srt.utils.redaction import redact_server_args
 from sglang.srt.utils.watchdog import SubprocessWatchdog
+from sglang.srt.weight_sync.rlsync_info import rlsync_info
 from sglang.srt.weight_sync.weight_checksum import merge_rank_checksums
 from sglang.utils import get_exception_traceback
 from sglang.version import __version__
@@ -624,11 +626,20 @@ async def server_info():
         del _global_state.tokenizer_manager.server_args.model_config
 
     return {
-        **dataclasses.asdict(_global_state.tokenizer_manager.server_args),
+        **redact_server_args(
+            dataclasses.asdict(_global_state.tokenizer_manager.server_args)
+        ),
         **_global_state.scheduler_info,
-        "internal_states": internal_states,
+        "internal_states": [redact_server_args(s) for s in internal_states],
         "version": __version__,
+        "rlsync": rlsync_info(),
     }
+
+
+@app.get("/rlsync_info")
+async def get_rlsync_info():
+    """The rlsync weight-sync series in this build: version, pin, features."""
+    return rlsync_info()
 
 
 @app.get("/get_load")

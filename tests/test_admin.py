@@ -1,0 +1,156 @@
+"""Admin surface (patch 0006) on the real server: every admin endpoint needs
+the admin key, from the flag or from SGLANG_ADMIN_API_KEY; no answer or log
+line carries a key; /rlsync_info lets a trainer check support, and rlsync's
+client fails early against pristine 0.5.10."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import requests
+
+from harness.cpu_sglang import free_port
+from rlsync import client
+from rlsync.pin import read_pin
+from rlsync.sender import Engine, SyncError, WeightSender
+
+ROOT = Path(__file__).resolve().parents[1]
+HTTP_SERVER = ROOT / "overlay/python/sglang/srt/entrypoints/http_server.py"
+ADMIN_KEY, USER_KEY = "adm1n-s3cret-key", "us3r-s3cret-key"
+
+
+def admin_endpoints() -> list[tuple[str, str]]:
+    """(method, path) of every route marked ADMIN_OPTIONAL in the server."""
+    lines = HTTP_SERVER.read_text().splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if line.strip() != "@auth_level(AuthLevel.ADMIN_OPTIONAL)":
+            continue
+        route = lines[i - 1].strip()
+        m = re.match(r'@app\.(get|post|put)\("([^"]+)"', route)
+        if m:
+            found.append((m.group(1).upper(), m.group(2)))
+            continue
+        m = re.match(r'@app\.api_route\("([^"]+)", methods=\[([^\]]+)\]', route)
+        if m:
+            method = re.findall(r'"(\w+)"', m.group(2))[0]
+            found.append((method, m.group(1)))
+    return [(m, p) for m, p in found if "{" not in p]
+
+
+def call(url, method, path, key=None, json=None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.request(method, url + path, json=json if json is not None else {},
+                            headers=headers, timeout=60)  # fmt: skip
+
+
+def test_the_sweep_covers_the_weight_operations():
+    paths = {p for _, p in admin_endpoints()}
+    for p in ("/init_weights_update_group", "/update_weights_from_distributed",
+              "/update_weights_from_disk", "/prepare_weights_update",
+              "/complete_weights_update", "/abort_weights_update", "/weights_checker",
+              "/pause_generation", "/destroy_weights_update_group"):  # fmt: skip
+        assert p in paths, p
+    assert len(paths) > 25
+
+
+@pytest.mark.parametrize("source", ["flag", "env"])
+def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_model):
+    if source == "flag":
+        server = start_server(
+            extra_args=["--admin-api-key", ADMIN_KEY, "--api-key", USER_KEY]
+        )
+    else:
+        server = start_server(env={"SGLANG_ADMIN_API_KEY": ADMIN_KEY})
+    url = server.url
+    user = USER_KEY if source == "flag" else None
+    before = client.weights_checksum(url, admin_key=ADMIN_KEY)["checksum"]
+    version = call(url, "GET", "/model_info", user).json()["weight_version"]
+    for method, path in admin_endpoints():
+        for key in (None, "wrong", USER_KEY):
+            resp = call(url, method, path, key, json={"model_path": str(tiny_model)})
+            assert resp.status_code == 401, (
+                path,
+                key,
+                resp.status_code,
+                resp.text[:200],
+            )
+    # Refused calls changed nothing.
+    assert client.weights_checksum(url, admin_key=ADMIN_KEY)["checksum"] == before
+    assert call(url, "GET", "/model_info", user).json()["weight_version"] == version
+    assert (
+        requests.get(url + "/health", timeout=10).status_code == 200
+    ), "health stays open"
+    # The right key works.
+    for path, body in [("/pause_generation", {"mode": "in_place"}),
+                       ("/continue_generation", {}), ("/flush_cache", {}),
+                       ("/weights_checker", {"action": "checksum"})]:  # fmt: skip
+        resp = call(url, "POST", path, ADMIN_KEY, json=body)
+        assert resp.status_code == 200, (path, resp.text[:300])
+    gen = call(url, "POST", "/generate", user,
+               json={"text": "ok", "sampling_params": {"max_new_tokens": 2}})  # fmt: skip
+    assert gen.status_code == 200, gen.text
+
+
+def test_no_answer_or_log_line_carries_a_key(start_server):
+    server = start_server(
+        extra_args=["--admin-api-key", ADMIN_KEY, "--api-key", USER_KEY],
+        env={"SGLANG_ADMIN_API_KEY": "env-key-unused"},
+    )
+    for path in ("/server_info", "/get_server_info"):
+        resp = call(server.url, "GET", path, USER_KEY)
+        assert resp.status_code == 200, resp.text
+        assert ADMIN_KEY not in resp.text and USER_KEY not in resp.text, path
+        body = resp.json()
+        assert body["admin_api_key"] == "<redacted>" and body["api_key"] == "<redacted>"
+        assert all(
+            s.get("api_key") in (None, "<redacted>") for s in body["internal_states"]
+        )
+        assert body["rlsync"]["series"] == read_pin(ROOT / "upstream.pin").series
+    log = server.log()
+    assert "server_args=ServerArgs(" in log and "admin_api_key=<redacted>" in log
+    assert ADMIN_KEY not in log and USER_KEY not in log
+
+
+def test_flag_wins_over_the_environment(start_server):
+    server = start_server(
+        extra_args=["--admin-api-key", ADMIN_KEY], env={"SGLANG_ADMIN_API_KEY": "other"}
+    )
+    ok = call(
+        server.url, "POST", "/weights_checker", ADMIN_KEY, json={"action": "checksum"}
+    )
+    assert ok.status_code == 200
+    bad = call(
+        server.url, "POST", "/weights_checker", "other", json={"action": "checksum"}
+    )
+    assert bad.status_code == 401
+
+
+def test_rlsync_info_on_the_patched_server(server_tp1):
+    info = client.rlsync_info(server_tp1.url)
+    pin = read_pin(ROOT / "upstream.pin")
+    assert info["series"] == pin.series and info["version"] == pin.local_version
+    assert info["pin"] == {"name": "sglang", "version": "0.5.10"}
+    for feature in (
+        "two_phase_weight_update",
+        "weights_checksum",
+        "health_while_updating",
+    ):
+        assert feature in info["features"]
+    assert client.require_features(server_tp1.url, ["weights_checksum"]) == info
+    with pytest.raises(client.EngineError, match="without time_travel; upgrade"):
+        client.require_features(server_tp1.url, ["time_travel"])
+
+
+def test_client_fails_early_against_pristine_upstream(start_server):
+    pristine = start_server(pristine=True)
+    with pytest.raises(client.EngineError, match="not patched with rlsync") as err:
+        client.rlsync_info(pristine.url)
+    assert err.value.status == 404 and pristine.url in str(err.value)
+    sender = WeightSender(
+        [Engine(pristine.url)], master_port=free_port(), backend="gloo"
+    )
+    with pytest.raises(SyncError, match="connect: .*not patched with rlsync"):
+        sender.connect()
