@@ -126,9 +126,18 @@ def cmd_sync_disk(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["router"]:  # its own options: `rlsync router --help`
+        from rlsync import router
+
+        return router.main(argv[1:])
     parser = argparse.ArgumentParser(prog="rlsync", description=__doc__)
     parser.add_argument("--root", help="rlsync checkout (default: found from cwd)")
     sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser(
+        "router",
+        help="admin router in front of several workers (see `rlsync router --help`)",
+    )
     sub.add_parser(
         "upstream", help="fetch, verify and unpack the pinned sdist"
     ).set_defaults(fn=cmd_upstream)

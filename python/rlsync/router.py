@@ -1,0 +1,572 @@
+"""`rlsync router`: one URL in front of several SGLang workers (seed 001's
+router behaviour, applied to SGLang 0.5.10 and the rlsync series).
+
+- Generation (`/generate`, `/v1/completions`, `/v1/chat/completions`, streamed
+  or not) goes to a routable worker: alive, enabled, not inside an update or
+  pause broadcast, and serving the fleet's weight version. When none is, the
+  request waits (up to `--route-wait`) instead of failing.
+- Admin requests are broadcast to every worker that is not dead and their
+  answers merged. Pause, group lifecycle and weight-update broadcasts are
+  serialised behind one admin lock; a caller that waited past `--admin-wait`
+  gets a 503 naming the operation that holds it. While an update or pause
+  broadcast is in flight its workers leave generation routing, and each
+  returns to its previous state afterwards.
+- `init_weights_update_group` gives each worker its own `rank_offset`
+  (workers in order, each taking its TP size); a worker whose group init
+  failed or timed out stays disabled until `POST /workers/enable`.
+- A worker that stops answering is marked dead; one that comes back (or
+  restarts) stays out of routing until it reports the fleet's weight version.
+- `--admin-api-key` (or SGLANG_ADMIN_API_KEY) protects admin routes with
+  `Authorization: Bearer <key>`; the header is forwarded to the workers.
+
+Built on FastAPI, httpx and uvicorn: `pip install 'rlsync[router]'`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
+# Broadcast behind the admin lock; the first group also leaves routing meanwhile.
+UPDATE_ROUTES = (
+    "/update_weights_from_distributed", "/update_weights_from_disk",
+    "/update_weights_from_tensor", "/complete_weights_update",
+    "/pause_generation",
+)  # fmt: skip
+LOCKED_ROUTES = UPDATE_ROUTES + (
+    "/init_weights_update_group", "/destroy_weights_update_group",
+    "/prepare_weights_update", "/abort_weights_update", "/continue_generation",
+)  # fmt: skip
+# Broadcast without the lock: they change no weights.
+OTHER_ADMIN_ROUTES = ("/weights_checker", "/flush_cache", "/get_weights_by_name")
+# Answers that carry a weight version the fleet moves to.
+VERSIONED_ROUTES = (
+    "/update_weights_from_distributed", "/update_weights_from_disk",
+    "/update_weights_from_tensor", "/complete_weights_update",
+)  # fmt: skip
+
+
+@dataclass
+class Worker:
+    url: str
+    tp_size: int = 1
+    dead: bool = False
+    disabled: bool = False
+    reason: str = ""
+    in_update: bool = False
+    # A worker that came back must show the fleet's version before it serves.
+    rejoining: bool = False
+    weight_version: Optional[str] = None
+    in_flight: int = 0
+    routed: int = 0
+
+    @property
+    def routable(self) -> bool:
+        return not (self.dead or self.disabled or self.in_update or self.rejoining)
+
+
+@dataclass
+class RouterConfig:
+    workers: list[str]
+    admin_api_key: Optional[str] = None
+    admin_wait: float = 30.0  # seconds a caller may wait for the admin lock
+    route_wait: float = 60.0  # seconds a generation may wait for a worker
+    request_timeout: float = 600.0
+    health_interval: float = 2.0
+
+
+@dataclass
+class _Event:
+    t: float
+    kind: str  # "route", "admin_start", "admin_end", "dead", "alive", ...
+    worker: Optional[str] = None
+    detail: str = ""
+
+
+class Router:
+    def __init__(self, config: RouterConfig):
+        assert config.workers, "the router needs at least one worker"
+        assert len(set(config.workers)) == len(config.workers), "duplicate worker URL"
+        self.config = config
+        self.workers = [Worker(u.rstrip("/")) for u in config.workers]
+        self.fleet_version: Optional[str] = None
+        self.admin_lock = asyncio.Lock()
+        self.admin_holder = ""
+        self.admin_since = 0.0
+        self.events: collections.deque[_Event] = collections.deque(maxlen=10000)
+        self.routable = asyncio.Condition()
+        self._next = 0
+        self.http = httpx.AsyncClient(timeout=config.request_timeout)
+
+    # --- state ---------------------------------------------------------------
+
+    def log(self, kind: str, worker: Optional[str] = None, detail: str = "") -> None:
+        self.events.append(_Event(time.monotonic(), kind, worker, detail))
+
+    async def _changed(self) -> None:
+        async with self.routable:
+            self.routable.notify_all()
+
+    async def discover(self) -> None:
+        """Each worker's TP size and weight version (rank offsets need them)."""
+        for w in self.workers:
+            try:
+                info = (await self.http.get(w.url + "/server_info", timeout=10)).json()
+                w.tp_size = int(info.get("tp_size", 1))
+                w.weight_version = await self._version(w)
+            except (httpx.HTTPError, ValueError) as e:
+                self._mark_dead(w, f"unreachable at start: {e}")
+        versions = {w.weight_version for w in self.workers if not w.dead}
+        self.fleet_version = versions.pop() if len(versions) == 1 else None
+
+    async def _version(self, w: Worker) -> Optional[str]:
+        resp = await self.http.get(w.url + "/model_info", timeout=10)
+        return resp.json().get("weight_version")
+
+    def _mark_dead(self, w: Worker, why: str) -> None:
+        if not w.dead:
+            self.log("dead", w.url, why)
+        w.dead, w.reason = True, why
+
+    async def health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.health_interval)
+            await self.check_health()
+
+    async def check_health(self) -> None:
+        for w in self.workers:
+            try:
+                ok = (
+                    await self.http.get(w.url + "/health", timeout=5)
+                ).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            if not ok:
+                if not w.dead and not w.in_update:
+                    self._mark_dead(w, "health check failed")
+                continue
+            if w.dead:  # back, maybe restarted: serve only at the fleet's version
+                w.dead, w.rejoining, w.reason = False, True, "rejoined"
+                self.log("alive", w.url)
+            if w.rejoining:
+                try:
+                    w.weight_version = await self._version(w)
+                except (httpx.HTTPError, ValueError):
+                    continue
+                if self.fleet_version is None or w.weight_version == self.fleet_version:
+                    w.rejoining, w.reason = False, ""
+                    self.log("rejoined", w.url, f"weight_version={w.weight_version}")
+        await self._changed()
+
+    # --- generation ------------------------------------------------------------
+
+    async def pick(self) -> Worker:
+        deadline = time.monotonic() + self.config.route_wait
+        async with self.routable:
+            while True:
+                n = len(self.workers)
+                order = [self.workers[(self._next + i) % n] for i in range(n)]
+                ready = [w for w in order if w.routable]
+                if ready:  # least loaded, round robin among equals
+                    w = min(ready, key=lambda w: w.in_flight)
+                    self._next = self.workers.index(w) + 1
+                    w.in_flight += 1
+                    w.routed += 1
+                    self.log("route", w.url)
+                    return w
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise LookupError(
+                        "no worker can take generation: "
+                        + "; ".join(f"{w.url}: {self._state(w)}" for w in self.workers)
+                    )
+                try:
+                    await asyncio.wait_for(self.routable.wait(), timeout=min(left, 0.5))
+                except asyncio.TimeoutError:
+                    pass
+
+    @staticmethod
+    def _state(w: Worker) -> str:
+        if w.dead:
+            return f"dead ({w.reason})"
+        if w.disabled:
+            return f"disabled ({w.reason})"
+        if w.in_update:
+            return "updating"
+        if w.rejoining:
+            return f"rejoining (weight_version={w.weight_version})"
+        return "ready"
+
+    async def release(self, w: Worker) -> None:
+        w.in_flight -= 1
+        await self._changed()
+
+    # --- admin -------------------------------------------------------------------
+
+    def check_admin(self, request: Request) -> Optional[Response]:
+        key = self.config.admin_api_key
+        if not key:
+            return None
+        got = request.headers.get("authorization", "")
+        scheme, _, token = got.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token, key):
+            return JSONResponse(
+                {"error": "admin route: missing or wrong admin key"}, 401
+            )
+        return None
+
+    async def broadcast(
+        self, path: str, body: Any, headers: dict[str, str]
+    ) -> JSONResponse:
+        if path in LOCKED_ROUTES:
+            try:
+                await asyncio.wait_for(
+                    self.admin_lock.acquire(), self.config.admin_wait
+                )
+            except asyncio.TimeoutError:
+                return JSONResponse(
+                    {"success": False,
+                     "message": f"admin lock held by {self.admin_holder} for "
+                                f"{time.monotonic() - self.admin_since:.1f}s; waited "
+                                f"{self.config.admin_wait:g}s"}, status_code=503,
+                )  # fmt: skip
+            self.admin_holder, self.admin_since = path, time.monotonic()
+        try:
+            return await self._broadcast(path, body, headers)
+        finally:
+            if path in LOCKED_ROUTES:
+                self.admin_holder = ""
+                self.admin_lock.release()
+
+    def _bodies(self, path: str, body: Any, targets: list[Worker]) -> list[Any]:
+        if path != "/init_weights_update_group" or not isinstance(body, dict):
+            return [body] * len(targets)
+        base = int(body.get("rank_offset", 1))
+        want = base + sum(w.tp_size for w in self.workers)
+        if int(body.get("world_size", want)) != want:
+            raise ValueError(
+                f"world_size: {body.get('world_size')} but the trainer's {base} "
+                f"rank(s) and the workers' TP sizes make {want}"
+            )
+        out, offset = [], base
+        for w in self.workers:  # offsets stay stable, dead workers included
+            if w in targets:
+                out.append({**body, "rank_offset": offset})
+            offset += w.tp_size
+        return out
+
+    async def _broadcast(
+        self, path: str, body: Any, headers: dict[str, str]
+    ) -> JSONResponse:
+        targets = [w for w in self.workers if not w.dead]
+        try:
+            bodies = self._bodies(path, body, targets)
+        except (ValueError, TypeError) as e:
+            return JSONResponse({"success": False, "message": str(e)}, status_code=400)
+        leaves_routing = path in UPDATE_ROUTES
+        previous = {w.url: w.in_update for w in targets}
+        if leaves_routing:
+            # No new request goes to them; those in flight go on (the server
+            # applies between two batches, never during a forward pass).
+            for w in targets:
+                w.in_update = True
+        for w in targets:
+            self.log("admin_start", w.url, path)
+        try:
+            answers = await asyncio.gather(
+                *(self._one(w, path, b, headers) for w, b in zip(targets, bodies))
+            )
+        finally:
+            for w in targets:
+                self.log("admin_end", w.url, path)
+                if leaves_routing:
+                    w.in_update = previous[w.url]
+            await self._changed()
+        return self._merge(path, body, targets, answers)
+
+    async def _one(
+        self, w: Worker, path: str, body: Any, headers: dict[str, str]
+    ) -> dict:
+        try:
+            resp = await self.http.post(w.url + path, json=body, headers=headers)
+        except httpx.HTTPError as e:
+            self._mark_dead(w, f"{path}: {type(e).__name__}: {e}")
+            return {"url": w.url, "status_code": 0, "success": False,
+                    "message": f"worker dead: {type(e).__name__}: {e}"}  # fmt: skip
+        try:
+            answer = resp.json()
+        except ValueError:
+            answer = resp.text
+        ok = resp.status_code < 400 and not (
+            isinstance(answer, dict) and answer.get("success") is False
+        )
+        out = {
+            "url": w.url,
+            "status_code": resp.status_code,
+            "success": ok,
+            "answer": answer,
+        }
+        if path == "/init_weights_update_group" and not ok:
+            w.disabled, w.reason = (
+                True,
+                f"init_weights_update_group failed: {_message(answer)}",
+            )
+            self.log("disabled", w.url, w.reason)
+        return out
+
+    def _merge(self, path, body, targets, answers) -> JSONResponse:
+        """One answer in the shape the workers give (so rlsync's client and
+        trainers read it as they read a worker's), plus `workers` and `dead`."""
+        dead = [w.url for w in self.workers if w.dead]
+        ok = all(a["success"] for a in answers) and not dead
+        dicts = [a["answer"] for a in answers if isinstance(a.get("answer"), dict)]
+        merged: dict[str, Any] = dict(dicts[0]) if dicts else {}
+        for key in ("applied", "ready_to_apply", "group_usable"):
+            if any(key in d for d in dicts):
+                merged[key] = all(d.get(key, False) for d in dicts) and not dead
+        if any("num_buckets_received" in d for d in dicts):
+            merged["num_buckets_received"] = min(
+                d.get("num_buckets_received", 0) for d in dicts
+            )
+        if any("rank_results" in d for d in dicts):
+            merged["rank_results"] = [
+                {**r, "worker": a["url"]} for a in answers
+                if isinstance(a.get("answer"), dict) for r in a["answer"].get("rank_results", [])
+            ]  # fmt: skip
+        if "status" in merged:
+            merged["status"] = "ready" if ok else "error"
+        failures = [f"{a['url']}: {_message(a.get('answer', a.get('message')))}"
+                    for a in answers if not a["success"]]  # fmt: skip
+        failures += [f"{u}: dead" for u in dead if u not in {a["url"] for a in answers}]
+        merged.update(success=ok, workers=answers, dead=dead)
+        if failures:
+            merged["message"] = "; ".join(failures)
+        if ok and path in VERSIONED_ROUTES and isinstance(body, dict):
+            version = body.get("weight_version")
+            if version is not None and merged.get("applied", True):
+                self.fleet_version = version
+                for w in targets:
+                    w.weight_version = version
+        status = 200 if ok else max([a["status_code"] for a in answers] + [0])
+        return JSONResponse(
+            merged, status_code=status if status >= 400 else (200 if ok else 502)
+        )
+
+    async def rlsync_info(self) -> JSONResponse:
+        """The features every live worker has."""
+        infos = []
+        for w in self.workers:
+            if w.dead:
+                continue
+            resp = await self.http.get(w.url + "/rlsync_info", timeout=10)
+            if resp.status_code != 200:
+                return JSONResponse(
+                    {"error": f"{w.url} is not patched with rlsync"}, status_code=404
+                )
+            infos.append(resp.json())
+        if not infos:
+            return JSONResponse({"error": "no live worker"}, status_code=503)
+        features = [
+            f for f in infos[0]["features"] if all(f in i["features"] for i in infos)
+        ]
+        return JSONResponse({**infos[0], "features": features})
+
+    def describe(self) -> dict:
+        return {
+            "fleet_weight_version": self.fleet_version,
+            "admin_lock": self.admin_holder or None,
+            "workers": [{**asdict(w), "routable": w.routable, "state": self._state(w)}
+                        for w in self.workers],  # fmt: skip
+        }
+
+
+def _message(answer: Any) -> str:
+    if isinstance(answer, dict):
+        for key in ("message", "error", "detail"):
+            if answer.get(key):
+                return str(answer[key])
+    return str(answer)[:500]
+
+
+def create_app(config: RouterConfig) -> FastAPI:
+    router = Router(config)
+    tasks: list[asyncio.Task] = []
+
+    async def lifespan(app: FastAPI):
+        await router.discover()
+        tasks.append(asyncio.create_task(router.health_loop()))
+        yield
+        for t in tasks:
+            t.cancel()
+        await router.http.aclose()
+
+    app = FastAPI(lifespan=lifespan)
+    app.state.router = router
+
+    def forwarded(request: Request) -> dict[str, str]:
+        auth = request.headers.get("authorization")
+        return {"Authorization": auth} if auth else {}
+
+    async def read_json(request: Request) -> Any:
+        raw = await request.body()
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError as e:
+            raise ValueError(f"body: not JSON: {e}") from e
+
+    for path in GENERATION_ROUTES:
+
+        async def generate(request: Request, path: str = path) -> Response:
+            body = await request.body()
+            try:
+                w = await router.pick()
+            except LookupError as e:
+                return JSONResponse({"error": str(e)}, status_code=503)
+            req = router.http.build_request(
+                "POST", w.url + path, content=body,
+                headers={**forwarded(request), "content-type": "application/json"},
+            )  # fmt: skip
+            try:
+                resp = await router.http.send(req, stream=True)
+            except httpx.HTTPError as e:
+                router._mark_dead(w, f"{path}: {type(e).__name__}: {e}")
+                await router.release(w)
+                return JSONResponse({"error": f"{w.url}: {e}"}, status_code=502)
+
+            async def relay():
+                try:
+                    async for chunk in resp.aiter_raw():
+                        yield chunk
+                finally:
+                    await resp.aclose()
+                    await router.release(w)
+
+            return StreamingResponse(
+                relay(), status_code=resp.status_code,
+                media_type=resp.headers.get("content-type"),
+            )  # fmt: skip
+
+        app.add_api_route(path, generate, methods=["POST"])
+
+    for path in LOCKED_ROUTES + OTHER_ADMIN_ROUTES:
+
+        async def admin(request: Request, path: str = path) -> Response:
+            denied = router.check_admin(request)
+            if denied is not None:
+                return denied
+            try:
+                body = await read_json(request)
+            except ValueError as e:
+                return JSONResponse(
+                    {"success": False, "message": str(e)}, status_code=400
+                )
+            return await router.broadcast(path, body, forwarded(request))
+
+        app.add_api_route(path, admin, methods=["POST"])
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = any(w.routable or w.in_update for w in router.workers)
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/rlsync_info")
+    async def rlsync_info() -> Response:
+        return await router.rlsync_info()
+
+    @app.get("/model_info")
+    async def model_info() -> Response:
+        return JSONResponse({"weight_version": router.fleet_version})
+
+    @app.get("/workers")
+    async def workers(request: Request) -> Response:
+        return router.check_admin(request) or JSONResponse(router.describe())
+
+    @app.get("/events")
+    async def events(request: Request, since: float = 0.0) -> Response:
+        denied = router.check_admin(request)
+        if denied is not None:
+            return denied
+        return JSONResponse([asdict(e) for e in router.events if e.t > since])
+
+    async def set_enabled(request: Request, enabled: bool) -> Response:
+        denied = router.check_admin(request)
+        if denied is not None:
+            return denied
+        body = await read_json(request)
+        url = str(body.get("url", "")).rstrip("/") if isinstance(body, dict) else ""
+        match = [w for w in router.workers if w.url == url]
+        if not match:
+            return JSONResponse(
+                {"success": False, "message": f"url: no worker {url!r}; workers: "
+                 f"{[w.url for w in router.workers]}"}, status_code=400,
+            )  # fmt: skip
+        w = match[0]
+        w.disabled = not enabled
+        w.reason = "" if enabled else str(body.get("reason", "disabled by an operator"))
+        router.log("enabled" if enabled else "disabled", w.url, w.reason)
+        await router._changed()
+        return JSONResponse(
+            {
+                "success": True,
+                "worker": router.describe()["workers"][router.workers.index(w)],
+            }
+        )
+
+    @app.post("/workers/enable")
+    async def enable(request: Request) -> Response:
+        return await set_enabled(request, True)
+
+    @app.post("/workers/disable")
+    async def disable(request: Request) -> Response:
+        return await set_enabled(request, False)
+
+    return app
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    import uvicorn
+
+    ap = argparse.ArgumentParser(
+        prog="rlsync router", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("workers", nargs="+", metavar="WORKER_URL")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=30080)
+    ap.add_argument("--admin-api-key", help="default: $SGLANG_ADMIN_API_KEY")
+    ap.add_argument(
+        "--admin-wait",
+        type=float,
+        default=30.0,
+        help="seconds an admin caller may wait for the admin lock, then 503",
+    )
+    ap.add_argument(
+        "--route-wait",
+        type=float,
+        default=60.0,
+        help="seconds a generation may wait for a routable worker, then 503",
+    )
+    ap.add_argument("--health-interval", type=float, default=2.0)
+    ap.add_argument("--request-timeout", type=float, default=600.0)  # fmt: skip
+    args = ap.parse_args(argv)
+    config = RouterConfig(
+        workers=args.workers,
+        admin_api_key=args.admin_api_key or os.environ.get("SGLANG_ADMIN_API_KEY") or None,
+        admin_wait=args.admin_wait, route_wait=args.route_wait,
+        request_timeout=args.request_timeout, health_interval=args.health_interval,
+    )  # fmt: skip
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning")
+    return 0
