@@ -963,14 +963,16 @@ async def dump_expert_distribution_record_async():
 @auth_level(AuthLevel.ADMIN_OPTIONAL)
 async def update_weights_from_disk(obj: UpdateWeightFromDiskReqInput, request: Request):
     """Update the weights from disk inplace without re-launching the server."""
-    success, message, num_paused_requests = (
-        await _global_state.tokenizer_manager.update_weights_from_disk(obj, request)
+    result = await _global_state.tokenizer_manager.update_weights_from_disk(
+        obj, request
     )
+    success, message, num_paused_requests = result
 
     content = {
         "success": success,
         "message": message,
         "num_paused_requests": num_paused_requests,
+        "rank_results": getattr(result, "rank_results", []),
     }
     if success:
         return ORJSONResponse(
@@ -1062,10 +1064,15 @@ async def init_weights_update_group(
     obj: InitWeightsUpdateGroupReqInput, request: Request
 ):
     """Initialize the parameter update group."""
-    success, message = await _global_state.tokenizer_manager.init_weights_update_group(
+    result = await _global_state.tokenizer_manager.init_weights_update_group(
         obj, request
     )
-    content = {"success": success, "message": message}
+    success, message = result
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": result.rank_results,
+    }
     if success:
         return ORJSONResponse(content, status_code=200)
     else:
@@ -1078,10 +1085,15 @@ async def destroy_weights_update_group(
     obj: DestroyWeightsUpdateGroupReqInput, request: Request
 ):
     """Destroy the parameter update group."""
-    success, message = (
-        await _global_state.tokenizer_manager.destroy_weights_update_group(obj, request)
+    result = await _global_state.tokenizer_manager.destroy_weights_update_group(
+        obj, request
     )
-    content = {"success": success, "message": message}
+    success, message = result
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": result.rank_results,
+    }
     return ORJSONResponse(
         content, status_code=200 if success else HTTPStatus.BAD_REQUEST
     )
@@ -1099,11 +1111,16 @@ async def update_weights_from_tensor(
     3. Any binary data in the named tensors should be base64 encoded.
     """
 
-    success, message = await _global_state.tokenizer_manager.update_weights_from_tensor(
+    result = await _global_state.tokenizer_manager.update_weights_from_tensor(
         obj, request
     )
+    success, message = result
 
-    content = {"success": success, "message": message}
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": result.rank_results,
+    }
     return ORJSONResponse(
         content, status_code=200 if success else HTTPStatus.BAD_REQUEST
     )
@@ -1115,13 +1132,16 @@ async def update_weights_from_distributed(
     obj: UpdateWeightsFromDistributedReqInput, request: Request
 ):
     """Update model parameter from distributed online."""
-    success, message = (
-        await _global_state.tokenizer_manager.update_weights_from_distributed(
-            obj, request
-        )
+    result = await _global_state.tokenizer_manager.update_weights_from_distributed(
+        obj, request
     )
+    success, message = result
 
-    content = {"success": success, "message": message}
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": result.rank_results,
+    }
     if success:
         return ORJSONResponse(content, status_code=200)
     else:

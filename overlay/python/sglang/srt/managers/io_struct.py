@@ -1252,6 +1252,8 @@ class UpdateWeightFromDiskReqOutput(BaseReq):
     message: str
     # Number of paused requests during weight sync.
     num_paused_requests: Optional[int] = 0
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -1275,6 +1277,8 @@ class UpdateWeightsFromDistributedReqInput(BaseReq):
 class UpdateWeightsFromDistributedReqOutput(BaseReq):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -1302,6 +1306,8 @@ class UpdateWeightsFromTensorReqInput(BaseReq):
 class UpdateWeightsFromTensorReqOutput(BaseReq):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -1336,6 +1342,8 @@ class UpdateWeightsFromIPCReqInput(BaseReq):
 class UpdateWeightsFromIPCReqOutput(BaseReq):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -1395,6 +1403,8 @@ class InitWeightsUpdateGroupReqInput(BaseReq):
 class InitWeightsUpdateGroupReqOutput(BaseReq):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -1478,6 +1488,8 @@ class DestroyWeightsUpdateGroupReqInput(BaseReq):
 class DestroyWeightsUpdateGroupReqOutput(BaseReq):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass

@@ -34,6 +34,7 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightsFromTensorReqInput,
     UpdateWeightsFromTensorReqOutput,
 )
+from sglang.srt.managers.weight_op_results import gather_rank_results
 from sglang.srt.managers.weight_update_health import (
     pause_watchdogs_during_weight_update,
 )
@@ -46,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 class SchedulerUpdateWeightsMixin:
 
+    @gather_rank_results
     @pause_watchdogs_during_weight_update
     def update_weights_from_disk(
         self: Scheduler, recv_req: UpdateWeightFromDiskReqInput
@@ -60,6 +62,7 @@ class SchedulerUpdateWeightsMixin:
             logger.error(message)
         return UpdateWeightFromDiskReqOutput(success, message, 0)
 
+    @gather_rank_results
     @pause_watchdogs_during_weight_update
     def init_weights_update_group(
         self: Scheduler, recv_req: InitWeightsUpdateGroupReqInput
@@ -68,6 +71,7 @@ class SchedulerUpdateWeightsMixin:
         success, message = self.tp_worker.init_weights_update_group(recv_req)
         return InitWeightsUpdateGroupReqOutput(success, message)
 
+    @gather_rank_results
     def destroy_weights_update_group(
         self: Scheduler, recv_req: DestroyWeightsUpdateGroupReqInput
     ):
@@ -75,6 +79,7 @@ class SchedulerUpdateWeightsMixin:
         success, message = self.tp_worker.destroy_weights_update_group(recv_req)
         return DestroyWeightsUpdateGroupReqOutput(success, message)
 
+    @gather_rank_results
     @pause_watchdogs_during_weight_update
     def update_weights_from_distributed(
         self,
@@ -90,6 +95,7 @@ class SchedulerUpdateWeightsMixin:
             logger.error(message)
         return UpdateWeightsFromDistributedReqOutput(success, message)
 
+    @gather_rank_results
     @pause_watchdogs_during_weight_update
     def update_weights_from_tensor(
         self: Scheduler, recv_req: UpdateWeightsFromTensorReqInput
@@ -110,6 +116,7 @@ class SchedulerUpdateWeightsMixin:
         torch.distributed.barrier(group=self.tp_cpu_group)
         return UpdateWeightsFromTensorReqOutput(success, message)
 
+    @gather_rank_results
     def update_weights_from_ipc(
         self: Scheduler, recv_req: UpdateWeightsFromIPCReqInput
     ):

@@ -81,6 +81,7 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightsFromTensorReqInput,
     UpdateWeightsFromTensorReqOutput,
 )
+from sglang.srt.managers.weight_op_results import RankedResult, rank_results_of
 from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.server_args import LoRARef, ServerArgs
 from sglang.srt.utils import get_bool_env_var
@@ -487,7 +488,9 @@ class TokenizerCommunicatorMixin:
         ), "dp_size must be 1 or dp attention must be enabled for update weights from distributed"
 
         results = await self.init_weights_update_group_communicator(obj)
-        return _Communicator.merge_results(results)
+        return RankedResult(
+            _Communicator.merge_results(results), rank_results_of(results)
+        )
 
     async def destroy_weights_update_group(
         self: TokenizerManager,
@@ -500,7 +503,9 @@ class TokenizerCommunicatorMixin:
         ), "dp_size must be 1 or dp attention must be enabled for destroy parameter update group"
 
         results = await self.destroy_weights_update_group_communicator(obj)
-        return _Communicator.merge_results(results)
+        return RankedResult(
+            _Communicator.merge_results(results), rank_results_of(results)
+        )
 
     @track_weight_update("update_weights_from_distributed")
     async def update_weights_from_distributed(
@@ -531,7 +536,7 @@ class TokenizerCommunicatorMixin:
             self._update_weight_version_if_provided(obj.weight_version)
             message += f" Weight version updated to {obj.weight_version}."
 
-        return success, message
+        return RankedResult((success, message), rank_results_of(results))
 
     async def init_weights_send_group_for_remote_instance(
         self: TokenizerManager,
@@ -590,7 +595,7 @@ class TokenizerCommunicatorMixin:
             self._update_weight_version_if_provided(obj.weight_version)
             message += f" Weight version updated to {obj.weight_version}."
 
-        return success, message
+        return RankedResult((success, message), rank_results_of(results))
 
     @track_weight_update("update_weights_from_ipc")
     async def update_weights_from_ipc(

@@ -81,6 +81,7 @@ from sglang.srt.managers.tokenizer_manager_score_mixin import (
 from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
     TokenizerTwoPhaseUpdateMixin,
 )
+from sglang.srt.managers.weight_op_results import RankedResult, rank_results_of
 from sglang.srt.managers.weight_update_health import (
     WeightUpdateTracker,
     track_weight_update,
@@ -1440,15 +1441,17 @@ class TokenizerManager(
             self.model_update_lock.writer_lock if not is_paused else nullcontext()
         )
         async with lock_context:
-            success, message, num_paused_requests = (
-                await self._wait_for_model_update_from_disk(obj)
-            )
+            result = await self._wait_for_model_update_from_disk(obj)
+        success, message, num_paused_requests = result
 
         if success and obj.weight_version is not None:
             self._update_weight_version_if_provided(obj.weight_version)
             message += f" Weight version updated to {obj.weight_version}."
 
-        return success, message, num_paused_requests
+        return RankedResult(
+            (success, message, num_paused_requests),
+            getattr(result, "rank_results", []),
+        )
 
     def _update_model_path_info(self, model_path: str, load_format: str):
         self.served_model_name = model_path
@@ -1465,7 +1468,10 @@ class TokenizerManager(
             result = await self.model_update_result
             if result.success:
                 self._update_model_path_info(obj.model_path, obj.load_format)
-            return result.success, result.message, result.num_paused_requests
+            return RankedResult(
+                (result.success, result.message, result.num_paused_requests),
+                rank_results_of([result]),
+            )
         else:  # self.server_args.dp_size > 1
             self.model_update_tmp = []
             result = await self.model_update_result

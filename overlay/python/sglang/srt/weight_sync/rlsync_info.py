@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 # The rlsync patch series applied to this tree, and the release it is made for.
-SERIES = 3
+SERIES = 4
 PIN = {"name": "sglang", "version": "0.5.10"}
 FEATURES = (
     "watchdog_pause",  # 0001: blocking weight updates pause the watchdogs
@@ -18,6 +18,7 @@ FEATURES = (
     "admin_api_key_env",  # 0006: SGLANG_ADMIN_API_KEY
     "secret_redaction",  # 0006
     "rlsync_info",  # 0006
+    "rank_results",  # 0007: admin weight operations answer every TP rank
 )
 
 

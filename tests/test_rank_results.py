@@ -1,0 +1,66 @@
+"""Admin weight operations at TP 2 answer every rank's result (patch 0007)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+
+import requests
+import torch
+import torch.distributed as dist
+
+from harness.cpu_sglang import free_port
+from rlsync import client
+from rlsync.group import join_update_group, leave_update_group
+
+pool = cf.ThreadPoolExecutor(2)
+
+
+def post(url: str, endpoint: str, payload: dict) -> requests.Response:
+    return requests.post(url + endpoint, json=payload, timeout=120)
+
+
+def assert_two_ranks(body: dict, success: bool = True) -> None:
+    ranks = body["rank_results"]
+    assert [r["rank"] for r in ranks] == [0, 1], body
+    assert all(r["success"] is success for r in ranks), ranks
+
+
+def test_group_update_destroy_and_disk_answer_every_rank(server_tp2, tiny_model):
+    url, group, port = server_tp2.url, f"ranks_{free_port()}", free_port()
+    init = pool.submit(post, url, "/init_weights_update_group", dict(
+        master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=3,
+        group_name=group, backend="gloo"))  # fmt: skip
+    pg = join_update_group("127.0.0.1", port, 3, group_name=group, timeout=60)
+    resp = init.result()
+    assert resp.status_code == 200 and resp.json()["success"]
+    assert_two_ranks(resp.json())
+
+    name = "model.norm.weight"
+    original = torch.tensor(client.get_weights_by_name(url, name, truncate_size=10**6))
+    value = original.to(torch.bfloat16)
+    update = pool.submit(post, url, "/update_weights_from_distributed", dict(
+        names=[name], dtypes=["bfloat16"], shapes=[list(value.shape)],
+        group_name=group))  # fmt: skip
+    dist.broadcast(value, src=0, group=pg)
+    resp = update.result()
+    assert resp.status_code == 200, resp.text
+    assert_two_ranks(resp.json())
+
+    resp = post(url, "/destroy_weights_update_group", {"group_name": group})
+    assert resp.status_code == 200
+    assert_two_ranks(resp.json())
+    leave_update_group(pg)
+
+    resp = post(url, "/update_weights_from_disk", {"model_path": str(tiny_model)})
+    assert resp.status_code == 200, resp.text
+    assert_two_ranks(resp.json())
+
+
+def test_failed_group_init_reports_both_ranks(server_tp2):
+    resp = post(server_tp2.url, "/init_weights_update_group", dict(
+        master_address="127.0.0.1", master_port=free_port(), rank_offset=1,
+        world_size=3, group_name="nobody", backend="gloo", timeout=3))  # fmt: skip
+    assert resp.status_code == 400
+    body = resp.json()
+    assert not body["success"]
+    assert_two_ranks(body, success=False)
