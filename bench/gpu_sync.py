@@ -35,6 +35,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -265,6 +266,8 @@ def run(rank: int, args, result_path: str) -> None:
     diagnosis = {
         "sender_pack_cat": ours_for(main_buckets, True, sender="pack-cat"),
         "sender_prepacked_receiver_staged": ours_for(main_buckets, True, sender="prepacked"),
+        "sender_prepacked_receiver_staged_nodigest": ours_for(
+            main_buckets, False, sender="prepacked"),
         "sender_pack_copy_receiver_raw": ours_for(main_buckets, True, receiver="raw"),
         "sender_pack_cat_receiver_raw": ours_for(
             main_buckets, True, sender="pack-cat", receiver="raw"),
@@ -312,40 +315,75 @@ def run(rank: int, args, result_path: str) -> None:
     upstream_flat_s = repeat(flattened)
 
     # --- serving impact --------------------------------------------------------
+    # Decode-like work on GPU 1's compute stream while a receive runs beside it:
+    # ours (own thread and stream, with and without digests) and, as the
+    # baseline, a raw NCCL receive on a side stream.
     serving = {}
     if rank == 1:
         decode = DecodeLike()
         decode.run_for(1.0)  # warm-up
         serving["decode_steps_per_s_alone"] = decode.run_for(2.0)
-    box = [None]
-    if rank == 0:
-        box = [[b.meta(digest_tensors(b.tensors)) for b in main_buckets]]
-    dist.broadcast_object_list(box, src=0)
-    specs = sr.parse_buckets(len(box[0]), box[0], "flattened_bucket")
-    during, rx_during = [], []
-    for _ in range(args.repeats):
-        dist.barrier()
+        recv_flats = [torch.empty(b.nbytes, dtype=torch.uint8, device="cuda")
+                      for b in main_buckets]  # fmt: skip
+    specs_by_mode = {}
+    for mode, digests in (("ours", True), ("ours_nodigest", False)):
+        box = [None]
         if rank == 0:
-            broadcast_buckets(main_buckets, world)
-            torch.cuda.synchronize()
-            continue
-        rx = sr.StagedWeightReceiver(specs, world, pool, "flattened_bucket")
-        t0 = time.perf_counter()
-        rx.start()
-        steps, secs = decode.run_until(lambda: rx.done)
-        rx.synchronize()
-        rx_during.append(time.perf_counter() - t0)
-        during.append(steps / secs if secs else 0.0)
-        assert rx.complete and not rx.verify()
+            box = [[b.meta(digest_tensors(b.tensors) if digests else None)
+                    for b in main_buckets]]  # fmt: skip
+        dist.broadcast_object_list(box, src=0)
+        specs_by_mode[mode] = sr.parse_buckets(len(box[0]), box[0], "flattened_bucket")
+
+    def raw_side_stream_receive():
+        side = torch.cuda.Stream()
+        done = threading.Event()
+
+        def work():
+            with torch.cuda.stream(side):
+                for f in recv_flats:
+                    dist.broadcast(f, src=0)
+            side.synchronize()
+            done.set()
+
+        threading.Thread(target=work, daemon=True).start()
+        return done
+
+    alone = {"ours": ours_s, "ours_nodigest": ours_nodigest_s, "raw_side_stream": raw_s}
+    for mode in ("ours", "ours_nodigest", "raw_side_stream"):
+        during, rx_during = [], []
+        for _ in range(args.repeats):
+            dist.barrier()
+            if rank == 0:
+                broadcast_buckets(main_buckets, world)  # same bytes for every mode
+                torch.cuda.synchronize()
+                continue
+            t0 = time.perf_counter()
+            if mode == "raw_side_stream":
+                done = raw_side_stream_receive()
+                steps, secs = decode.run_until(done.is_set)
+            else:
+                rx = sr.StagedWeightReceiver(
+                    specs_by_mode[mode], world, pool, "flattened_bucket"
+                )
+                rx.start()
+                steps, secs = decode.run_until(lambda: rx.done)
+                rx.synchronize()
+                assert rx.complete and not rx.verify()
+            rx_during.append(time.perf_counter() - t0)
+            during.append(steps / secs if secs else 0.0)
+        if rank == 1:
+            serving[mode] = dict(
+                decode_steps_per_s_during_receive=med(during),
+                decode_kept=med(during) / serving["decode_steps_per_s_alone"],
+                receive_s_alone=med(alone[mode]),
+                receive_s_with_decode=med(rx_during),
+                receive_slowdown=med(rx_during) / med(alone[mode]),
+            )  # fmt: skip
     if rank == 1:
-        serving.update(
-            decode_steps_per_s_during_receive=med(during),
-            decode_kept=med(during) / serving["decode_steps_per_s_alone"],
-            receive_s_alone=med(ours_s),
-            receive_s_with_decode=med(rx_during),
-            receive_slowdown=med(rx_during) / med(ours_s),
-            decode_GBps_alone=serving["decode_steps_per_s_alone"] * decode.bytes_per_step() / 1e9,
-        )  # fmt: skip
+        serving["decode_GBps_alone"] = (
+            serving["decode_steps_per_s_alone"] * decode.bytes_per_step() / 1e9
+        )
+        del recv_flats
 
     # --- bucket sweep ------------------------------------------------------------
     sweep = []

@@ -145,9 +145,10 @@ def launch(
     python: str = sys.executable,
     ready_timeout: float = 240.0,
     env_overrides: dict[str, str] | None = None,
+    port: int | None = None,
 ) -> Server:
     stub = build_stub_libcuda(python)
-    port = free_port()
+    port = port or free_port()
     args = [
         python, "-m", "sglang.launch_server",
         "--model-path", str(Path(model_path).resolve()),

@@ -216,3 +216,58 @@ def test_worker_killed_mid_broadcast_is_marked_dead_and_reported(
         assert generate(router.url).status_code == 200, "routing goes on without it"
     finally:
         sender.close()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_restarted_worker_waits_for_the_fleet_version(
+    server_tp1, start_server, router_factory, tiny_model
+):
+    from harness.cpu_sglang import BUILD, launch
+
+    a, b = server_tp1, start_server(tp=1)
+    router = router_factory([a.url, b.url])
+    synced = requests.post(
+        router.url + "/update_weights_from_disk",
+        json={"model_path": str(tiny_model), "weight_version": "fleet-2"}, timeout=120,
+    )  # fmt: skip
+    assert synced.status_code == 200, synced.text
+    assert (
+        requests.get(router.url + "/model_info", timeout=10).json()["weight_version"]
+        == "fleet-2"
+    )
+    b.stop()
+    wait_for(lambda: router.workers()[b.url]["dead"], 15, "the router to mark b dead")
+    restarted = launch(tiny_model, BUILD / "logs" / "router-restarted.log", port=b.port)
+    try:
+        state = wait_for(
+            lambda: (w := router.workers()[b.url]) and not w["dead"] and w, 30, "b back"
+        )
+        assert state["rejoining"] and not state["routable"], state
+        assert "rejoining (weight_version=default)" in state["state"]
+        since = time.monotonic()
+        for _ in range(4):
+            assert generate(router.url).status_code == 200
+        # CLOCK_MONOTONIC is one clock for every process on the machine.
+        routed = [
+            e["worker"]
+            for e in router.events()
+            if e["kind"] == "route" and e["t"] > since
+        ]
+        assert len(routed) == 4 and set(routed) == {a.url}, routed
+        # Once it serves the fleet's version it is back in routing.
+        requests.post(
+            b.url + "/update_weights_from_disk",
+            json={"model_path": str(tiny_model), "weight_version": "fleet-2"}, timeout=120,
+        ).raise_for_status()  # fmt: skip
+        wait_for(lambda: router.workers()[b.url]["routable"], 15, "b routable again")
+    finally:
+        restarted.stop()

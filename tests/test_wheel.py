@@ -103,8 +103,11 @@ def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
     (whl,) = tmp_path.glob("rlsync-*.whl")
     with zipfile.ZipFile(whl) as zf:
         meta = next(n for n in zf.namelist() if n.endswith("METADATA"))
-        assert {Requirement(r).name for r in requires(zf.read(meta).decode())} == {
-            "torch",
-            "httpx",
+        reqs = [Requirement(r) for r in requires(zf.read(meta).decode())]
+        assert {r.name for r in reqs if r.marker is None} == {"torch", "httpx"}
+        # The router is an extra: `pip install 'rlsync[router]'`.
+        extra = {
+            r.name for r in reqs if r.marker and r.marker.evaluate({"extra": "router"})
         }
+        assert extra == {"fastapi", "uvicorn"}
         assert not [n for n in zf.namelist() if n.startswith("sglang/")]
