@@ -242,12 +242,23 @@ class WeightSender:
             )  # fmt: skip
             for e in self.engines
         ]
-        self.group = join_update_group(
-            self.master_address, self.master_port, self.world_size,
-            group_name=self.group_name, backend=self.backend, timeout=self.timeout,
-        )  # fmt: skip
-        for fut in futures:
-            fut.result()
+        try:
+            self.group = join_update_group(
+                self.master_address, self.master_port, self.world_size,
+                group_name=self.group_name, backend=self.backend, timeout=self.timeout,
+            )  # fmt: skip
+        except Exception as e:
+            raise SyncError("connect", f"trainer could not join the group: {e}") from e
+        failed = []
+        for engine, fut in zip(self.engines, futures):
+            try:
+                fut.result()
+            except Exception as e:
+                failed.append(f"{engine.url}: {e}")
+        if failed:
+            leave_update_group(self.group)
+            self.group = None
+            raise SyncError("connect", "; ".join(failed))
 
     def _abort_all(self, engines=None) -> list[str]:
         notes = []
