@@ -47,8 +47,11 @@ def test_register_then_sync_into_every_engine_and_back(
     assert resp.status_code == 200 and body["success"], body
     assert body["http_calls"] == 4 and body["buckets"] >= 1
     assert [e["applied"] for e in body["engines"]] == [True, True]
-    after = [greedy(u, "Tomni") for u in urls]
-    assert after[0] == after[1] != before[0]
+    sent = dict(current["weights"])["model.norm.weight"].float()[:8].tolist()
+    for url, old in zip(urls, before):
+        assert greedy(url, "Tomni") != old
+        got = client.get_weights_by_name(url, "model.norm.weight", truncate_size=8)
+        assert got == sent, url
     assert all(client.get_weight_version(u) == "tomni-1" for u in urls)
     current["weights"] = model_weights
     resp = http.post("/sync_inference_weights",
