@@ -271,3 +271,27 @@ def test_restarted_worker_waits_for_the_fleet_version(
         wait_for(lambda: router.workers()[b.url]["routable"], 15, "b routable again")
     finally:
         restarted.stop()
+
+
+def test_router_admin_key_and_forwarded_authorization(start_server, router_factory):
+    key = "r0uter-adm1n"
+    worker = start_server(env={"SGLANG_ADMIN_API_KEY": key})
+    router = router_factory([worker.url], "--admin-api-key", key)
+    checksum = {"action": "checksum"}
+    assert (
+        requests.post(
+            router.url + "/weights_checker", json=checksum, timeout=30
+        ).status_code
+        == 401
+    )
+    wrong = {"Authorization": "Bearer nope"}
+    assert requests.post(router.url + "/weights_checker", json=checksum, headers=wrong,
+                         timeout=30).status_code == 401  # fmt: skip
+    assert requests.get(router.url + "/workers", timeout=30).status_code == 401
+    right = {"Authorization": f"Bearer {key}"}
+    resp = requests.post(
+        router.url + "/weights_checker", json=checksum, headers=right, timeout=60
+    )
+    assert resp.status_code == 200, resp.text  # the worker saw the forwarded key
+    assert resp.json()["checksum"].startswith("sha256:")
+    assert generate(router.url).status_code == 200, "generation needs no admin key"
