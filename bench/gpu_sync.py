@@ -155,17 +155,32 @@ def run(rank: int, args, result_path: str) -> None:
     params = make_params(seed=100 + rank)  # rank 0: new weights; rank 1: old
     total = sum(t.numel() * 2 for _, t in params)
     world = dist.group.WORLD
+    # Barriers and metadata on their own (gloo) group: a receiver started
+    # ahead of a barrier has broadcasts posted on `world` already, and NCCL
+    # ops of one communicator must come in the same order on every rank.
+    ctrl = dist.new_group(backend="gloo")
     res: dict = {}
     warm = 2
 
-    def repeat(fn, n=args.repeats):
-        for _ in range(warm):
-            dist.barrier()
-            fn()
+    def repeat(fn, n=args.repeats, before=None):
+        """fn on both ranks after a barrier; `before` runs untimed ahead of the
+        barrier (the receiver's start: prepare answers "ready" only then).
+        Seconds from the first rank's start to the last rank's end, on the
+        host's one monotonic clock, so neither rank's view alone decides."""
         out = []
-        for _ in range(n):
-            dist.barrier()
-            out.append(timed(fn))
+        for i in range(warm + n):
+            if before is not None:
+                before()
+            dist.barrier(group=ctrl)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            spans = [None, None]
+            dist.all_gather_object(spans, (t0, t1), group=ctrl)
+            if i >= warm:
+                out.append(max(e for _, e in spans) - min(s for s, _ in spans))
         return out
 
     # --- raw: the same bytes, pre-packed, back to back ------------------------
@@ -193,13 +208,13 @@ def run(rank: int, args, result_path: str) -> None:
     target = dict(params)
 
     def ours_for(buckets, digests: bool, apply_times=None, timelines=None,
-                 sender="pack-copy", receiver="staged"):  # fmt: skip
+                 sender="pack-copy", receiver="staged", start_in_timing=False):  # fmt: skip
         meta = None
         if rank == 0:
             meta = [b.meta(digest_tensors(b.tensors) if digests else None)
                     for b in buckets]  # fmt: skip
         box = [meta]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=ctrl)
         specs = sr.parse_buckets(len(box[0]), box[0], "flattened_bucket")
 
         prepacked = None
@@ -208,6 +223,9 @@ def run(rank: int, args, result_path: str) -> None:
                          for b in buckets]  # fmt: skip
 
         def once():
+            once.t_start = (
+                time.perf_counter()
+            )  # this rank's; the sender starts within the barrier's skew
             if prepacked is not None:
                 for f in prepacked:
                     dist.broadcast(f, src=0)
@@ -215,18 +233,25 @@ def run(rank: int, args, result_path: str) -> None:
             if rank == 0:
                 broadcast_buckets(buckets, world, pack=sender.removeprefix("pack-"))
                 return
-            rx = sr.StagedWeightReceiver(specs, world, pool, "flattened_bucket")
-            rx.start()
+            if start_in_timing:
+                start()
+            rx = once.rx
             rx.wait(None)
             rx.synchronize()
             assert rx.complete and not rx.verify(), (rx.error, rx.verify())
-            once.rx = rx
 
-        times = repeat(once)
+        def start():
+            once.rx = sr.StagedWeightReceiver(specs, world, pool, "flattened_bucket")
+            once.rx.start()
+
+        staged = rank == 1 and prepacked is None
+        times = repeat(once, before=start if staged and not start_in_timing else None)
         if rank == 1 and receiver == "staged":
             rx = once.rx
             if timelines is not None:
-                timelines.append(rx.stats.bucket_done_seconds)
+                # From the sender's start (the barrier), not the receiver's.
+                skew = once.t_start - rx._t0
+                timelines.append([t - skew for t in rx.stats.bucket_done_seconds])
 
             def apply():
                 with torch.no_grad():
@@ -245,6 +270,15 @@ def run(rank: int, args, result_path: str) -> None:
         main_buckets, digests=True, apply_times=apply_s, timelines=timeline
     )
     ours_nodigest_s = ours_for(main_buckets, digests=False)
+    # The same, timing also the receiver's construction and thread start.
+    ours_with_start_s = ours_for(main_buckets, digests=True, start_in_timing=True)
+    # Small first buckets (64 MB, 256 MB, then 1 GB) to start the wire sooner.
+    ramp_buckets = plan_buckets(
+        params, args.bucket_mb << 20, first_bucket_bytes=64 << 20
+    )
+    ours_ramp_timeline = []
+    ours_ramp_s = ours_for(ramp_buckets, digests=True, timelines=ours_ramp_timeline)
+    ours_ramp_nodigest_s = ours_for(ramp_buckets, digests=False)
     # A trainer whose parameters live in one flat buffer (Megatron-style):
     # buckets are already packed, the sender sends views of it.
     if rank == 0:
@@ -331,7 +365,7 @@ def run(rank: int, args, result_path: str) -> None:
         if rank == 0:
             box = [[b.meta(digest_tensors(b.tensors) if digests else None)
                     for b in main_buckets]]  # fmt: skip
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=ctrl)
         specs_by_mode[mode] = sr.parse_buckets(len(box[0]), box[0], "flattened_bucket")
 
     def raw_side_stream_receive():
@@ -352,25 +386,28 @@ def run(rank: int, args, result_path: str) -> None:
     for mode in ("ours", "ours_nodigest", "raw_side_stream"):
         during, rx_during = [], []
         for _ in range(args.repeats):
-            dist.barrier()
-            if rank == 0:
-                broadcast_buckets(main_buckets, world)  # same bytes for every mode
-                torch.cuda.synchronize()
-                continue
-            t0 = time.perf_counter()
-            if mode == "raw_side_stream":
-                done = raw_side_stream_receive()
-                steps, secs = decode.run_until(done.is_set)
-            else:
+            if rank == 1 and mode != "raw_side_stream":
                 rx = sr.StagedWeightReceiver(
                     specs_by_mode[mode], world, pool, "flattened_bucket"
                 )
-                rx.start()
+                rx.start()  # "ready": only then does the trainer send
+            dist.barrier(group=ctrl)
+            t0 = time.perf_counter()
+            if rank == 0:
+                broadcast_buckets(main_buckets, world)  # same bytes for every mode
+                torch.cuda.synchronize()
+            elif mode == "raw_side_stream":
+                done = raw_side_stream_receive()
+                steps, secs = decode.run_until(done.is_set)
+            else:
                 steps, secs = decode.run_until(lambda: rx.done)
                 rx.synchronize()
                 assert rx.complete and not rx.verify()
-            rx_during.append(time.perf_counter() - t0)
-            during.append(steps / secs if secs else 0.0)
+            spans = [None, None]
+            dist.all_gather_object(spans, (t0, time.perf_counter()), group=ctrl)
+            if rank == 1:  # first start to last end, as in repeat()
+                rx_during.append(max(e for _, e in spans) - min(s for s, _ in spans))
+                during.append(steps / secs if secs else 0.0)
         if rank == 1:
             serving[mode] = dict(
                 decode_steps_per_s_during_receive=med(during),
@@ -422,6 +459,15 @@ def run(rank: int, args, result_path: str) -> None:
             transfer_ratio_vs_raw=med(raw_s) / med(ours_s),
             transfer_ratio_vs_raw_nodigest=med(raw_s) / med(ours_nodigest_s),
             ours_contiguous_params_s=ours_contiguous_s,
+            ours_with_receiver_start_s=ours_with_start_s,
+            transfer_ratio_vs_raw_with_receiver_start=med(raw_s)
+            / med(ours_with_start_s),
+            ramp_buckets=len(ramp_buckets),
+            ours_ramp_s=ours_ramp_s,
+            ours_ramp_nodigest_s=ours_ramp_nodigest_s,
+            transfer_ratio_vs_raw_ramp=med(raw_s) / med(ours_ramp_s),
+            transfer_ratio_vs_raw_ramp_nodigest=med(raw_s) / med(ours_ramp_nodigest_s),
+            bucket_timeline_ramp_s=ours_ramp_timeline[-1] if ours_ramp_timeline else [],
             transfer_ratio_vs_raw_contiguous_params=med(raw_s) / med(ours_contiguous_s),
             apply_ms_per_15GB=med(apply_s) * 1e3 * 15e9 / total,
             ours_plus_apply_ratio_vs_raw=med(raw_s) / (med(ours_s) + med(apply_s)),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlsync.digest import digest_bytes, digest_tensors
-from rlsync.planner import plan_buckets
+from rlsync.planner import bucket_budget, plan_buckets
 from sglang.srt.weight_sync.staged_receiver import bucket_digest
 
 
@@ -89,6 +89,20 @@ def test_planner_properties(seed):
     assert (
         plan_buckets(named(sizes), budget)[0].names == buckets[0].names
     )  # deterministic
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_planner_ramp_keeps_every_bucket_within_its_budget(seed):
+    gen = torch.Generator().manual_seed(seed)
+    sizes = torch.randint(1, 3000, (80,), generator=gen).tolist()
+    budget, first = 8000, int(torch.randint(100, 2000, (1,), generator=gen))
+    buckets = plan_buckets(named(sizes), budget, first_bucket_bytes=first)
+    assert [n for b in buckets for n in b.names] == [f"t{i}" for i in range(80)]
+    for i, b in enumerate(buckets):
+        cap = bucket_budget(i, budget, first)
+        assert cap == min(budget, first * 4**i)
+        assert b.nbytes <= cap or len(b.names) == 1, (i, b.nbytes, cap)
+    assert buckets[0].nbytes <= first or len(buckets[0].names) == 1
 
 
 def test_planner_gives_an_oversized_tensor_its_own_bucket():

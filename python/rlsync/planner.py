@@ -31,13 +31,29 @@ class Bucket:
         return meta
 
 
+def bucket_budget(
+    index: int, bucket_bytes: int, first_bucket_bytes: Optional[int]
+) -> int:
+    """Bucket `index`'s byte budget: with `first_bucket_bytes`, the first
+    buckets ramp up (x4 each) to `bucket_bytes`, so the wire starts while the
+    sender packs the big ones."""
+    if first_bucket_bytes is None:
+        return bucket_bytes
+    return min(bucket_bytes, first_bucket_bytes * 4**index)
+
+
 def plan_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int,
+    first_bucket_bytes: Optional[int] = None,
 ) -> list[Bucket]:
     """Greedy and deterministic: order is kept, every tensor appears once, no
-    bucket exceeds `bucket_bytes` unless one tensor alone does (then it gets a
-    bucket of its own)."""
+    bucket exceeds its budget (`bucket_budget`) unless one tensor alone does
+    (then it gets a bucket of its own)."""
     assert bucket_bytes > 0, f"bucket_bytes must be > 0, got {bucket_bytes}"
+    assert (
+        first_bucket_bytes is None or first_bucket_bytes > 0
+    ), f"first_bucket_bytes must be > 0, got {first_bucket_bytes}"
     buckets: list[Bucket] = []
     current = Bucket()
     seen: set[str] = set()
@@ -45,7 +61,8 @@ def plan_buckets(
         assert name not in seen, f"duplicate tensor name {name!r}"
         seen.add(name)
         size = tensor.numel() * tensor.element_size()
-        if current.names and current.nbytes + size > bucket_bytes:
+        budget = bucket_budget(len(buckets), bucket_bytes, first_bucket_bytes)
+        if current.names and current.nbytes + size > budget:
             buckets.append(current)
             current = Bucket()
         current.names.append(name)
