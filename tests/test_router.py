@@ -208,10 +208,18 @@ def test_worker_killed_mid_broadcast_is_marked_dead_and_reported(
         with pytest.raises(SyncError) as err:
             sender.sync(randomized(model_weights, 61), progress=kill_after_first)
         assert err.value.step == "broadcast"
-        assert doomed.url in str(err.value), str(err.value)
-        state = router.workers()
-        assert state[doomed.url]["dead"] and not state[doomed.url]["routable"]
-        assert not state[a]["dead"]
+        state = wait_for(lambda: (s := router.workers()) and s[doomed.url]["dead"] and s,
+                         10, "the router to mark the killed worker dead")  # fmt: skip
+        assert not state[doomed.url]["routable"] and not state[a]["dead"]
+        # The next broadcast goes to the live worker and reports the dead one.
+        resp = requests.post(router.url + "/weights_checker", json={"action": "checksum"},
+                             timeout=60)  # fmt: skip
+        body = resp.json()
+        assert resp.status_code == 200 and body["success"], body
+        assert body["dead"] == [doomed.url] and [w["url"] for w in body["workers"]] == [
+            a
+        ]
+        assert f"not sent to dead workers: {doomed.url}" in body["message"]
         assert greedy(a, "Fleet") == before, "the live worker keeps the old weights"
         assert generate(router.url).status_code == 200, "routing goes on without it"
     finally:

@@ -253,17 +253,17 @@ class Router:
     def _bodies(self, path: str, body: Any, targets: list[Worker]) -> list[Any]:
         if path != "/init_weights_update_group" or not isinstance(body, dict):
             return [body] * len(targets)
+        # The group spans the trainer and the live workers, in worker order.
         base = int(body.get("rank_offset", 1))
-        want = base + sum(w.tp_size for w in self.workers)
+        want = base + sum(w.tp_size for w in targets)
         if int(body.get("world_size", want)) != want:
             raise ValueError(
                 f"world_size: {body.get('world_size')} but the trainer's {base} "
-                f"rank(s) and the workers' TP sizes make {want}"
+                f"rank(s) and the live workers' TP sizes make {want}"
             )
         out, offset = [], base
-        for w in self.workers:  # offsets stay stable, dead workers included
-            if w in targets:
-                out.append({**body, "rank_offset": offset})
+        for w in targets:
+            out.append({**body, "rank_offset": offset})
             offset += w.tp_size
         return out
 
@@ -271,6 +271,11 @@ class Router:
         self, path: str, body: Any, headers: dict[str, str]
     ) -> JSONResponse:
         targets = [w for w in self.workers if not w.dead]
+        if not targets:
+            return JSONResponse(
+                {"success": False, "message": "no live worker", "workers": [],
+                 "dead": [w.url for w in self.workers]}, status_code=503,
+            )  # fmt: skip
         try:
             bodies = self._bodies(path, body, targets)
         except (ValueError, TypeError) as e:
@@ -328,14 +333,17 @@ class Router:
 
     def _merge(self, path, body, targets, answers) -> JSONResponse:
         """One answer in the shape the workers give (so rlsync's client and
-        trainers read it as they read a worker's), plus `workers` and `dead`."""
+        trainers read it as they read a worker's), plus `workers` and `dead`.
+        It succeeds when every live worker did; a worker that died during the
+        broadcast fails it; workers dead before it are listed, not waited for
+        (they rejoin only at the fleet's weight version)."""
         dead = [w.url for w in self.workers if w.dead]
-        ok = all(a["success"] for a in answers) and not dead
+        ok = all(a["success"] for a in answers)
         dicts = [a["answer"] for a in answers if isinstance(a.get("answer"), dict)]
         merged: dict[str, Any] = dict(dicts[0]) if dicts else {}
         for key in ("applied", "ready_to_apply", "group_usable"):
             if any(key in d for d in dicts):
-                merged[key] = all(d.get(key, False) for d in dicts) and not dead
+                merged[key] = ok and all(d.get(key, False) for d in dicts)
         if any("num_buckets_received" in d for d in dicts):
             merged["num_buckets_received"] = min(
                 d.get("num_buckets_received", 0) for d in dicts
@@ -349,7 +357,9 @@ class Router:
             merged["status"] = "ready" if ok else "error"
         failures = [f"{a['url']}: {_message(a.get('answer', a.get('message')))}"
                     for a in answers if not a["success"]]  # fmt: skip
-        failures += [f"{u}: dead" for u in dead if u not in {a["url"] for a in answers}]
+        skipped = [u for u in dead if u not in {a["url"] for a in answers}]
+        if skipped:
+            failures.append(f"not sent to dead workers: {', '.join(skipped)}")
         merged.update(success=ok, workers=answers, dead=dead)
         if failures:
             merged["message"] = "; ".join(failures)
