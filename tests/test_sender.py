@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -121,3 +123,18 @@ def test_sync_takes_a_module_or_a_state_dict(fleet, model_weights):
     )
     assert fleet.sync(dict(model_weights)).success
     assert greedy(url) == before
+
+
+def test_engine_refusing_the_group_fails_connect_at_once(start_server):
+    """An engine that answers init with an error never joins; connect says so
+    at once instead of waiting out the trainer's rendezvous timeout."""
+    locked = start_server(extra_args=["--admin-api-key", "k3y"])
+    sender = WeightSender(
+        [Engine(locked.url, 1)], master_port=free_port(), backend="gloo", timeout=120,
+        group_name=f"refused_{free_port()}",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    with pytest.raises(SyncError, match="init_weights_update_group: HTTP 401") as err:
+        sender.connect()
+    assert time.monotonic() - t0 < 20, "not the 120 s rendezvous timeout"
+    assert err.value.step == "connect" and locked.url in str(err.value)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional, Union
@@ -179,6 +180,12 @@ def broadcast_buckets(
 REQUIRED_FEATURES = ("two_phase_weight_update",)
 
 
+def _leave_when_joined(join: cf.Future) -> None:
+    """A join abandoned after an engine refused: drop the group if it forms."""
+    if not join.cancelled() and join.exception() is None:
+        leave_update_group(join.result())
+
+
 class WeightSender:
     def __init__(
         self,
@@ -242,11 +249,33 @@ class WeightSender:
             )  # fmt: skip
             for e in self.engines
         ]
+        join: cf.Future = cf.Future()
+
+        def run_join() -> None:  # a daemon: an abandoned join never holds exit
+            try:
+                join.set_result(join_update_group(
+                    self.master_address, self.master_port, self.world_size,
+                    group_name=self.group_name, backend=self.backend, timeout=self.timeout,
+                ))  # fmt: skip
+            except BaseException as e:
+                join.set_exception(e)
+
+        threading.Thread(target=run_join, name="rlsync-join", daemon=True).start()
+        # An engine that refuses the group (bad key, bad arguments) never
+        # joins: fail now, naming it, instead of waiting out the rendezvous.
+        pending = set(futures) | {join}
+        while join in pending:
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            refused = [
+                f"{e.url}: {f.exception()}"
+                for e, f in zip(self.engines, futures)
+                if f in done and f.exception() is not None
+            ]
+            if refused:
+                join.add_done_callback(_leave_when_joined)
+                raise SyncError("connect", "; ".join(refused))
         try:
-            self.group = join_update_group(
-                self.master_address, self.master_port, self.world_size,
-                group_name=self.group_name, backend=self.backend, timeout=self.timeout,
-            )  # fmt: skip
+            self.group = join.result()
         except Exception as e:
             raise SyncError("connect", f"trainer could not join the group: {e}") from e
         failed = []
