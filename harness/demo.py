@@ -74,11 +74,13 @@ def stream_forever(url: str, line: Timeline) -> None:
 
 
 def poll_health(url: str, line: Timeline) -> None:
-    """/health_generate as an orchestrator would poll it, a few times a second."""
+    """/health_generate as an orchestrator would poll it, a few times a second,
+    each check recorded at the time it was issued. The timeout is SGLang's
+    own health-check timeout (20 s): on two busy cores a real check (outside
+    an update) can take seconds."""
     while not line.stop.is_set():
-        line.health.append(
-            (time.monotonic(), client.health(url, generate=True, timeout=5))
-        )
+        issued = time.monotonic()
+        line.health.append((issued, client.health(url, generate=True, timeout=20)))
         line.stop.wait(0.05)
 
 
