@@ -200,7 +200,6 @@ def run(rank: int, args, result_path: str) -> None:
                 dist.broadcast(f, src=0)
 
         times = repeat(raw)
-        del flats
         return times
 
     # --- ours: WeightSender's data path -> StagedWeightReceiver ----------------

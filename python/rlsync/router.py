@@ -31,12 +31,14 @@ import json
 import os
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from rlsync.client import error_message
 
 GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
 # Broadcast behind the admin lock; the first group also leaves routing meanwhile.
@@ -403,11 +405,8 @@ class Router:
 
 
 def _message(answer: Any) -> str:
-    if isinstance(answer, dict):
-        for key in ("message", "error", "detail"):
-            if answer.get(key):
-                return str(answer[key])
-    return str(answer)[:500]
+    """A worker's message, as rlsync's client reads it, capped for summaries."""
+    return error_message(answer)[:500]
 
 
 def create_app(config: RouterConfig) -> FastAPI:
