@@ -78,6 +78,10 @@ def server_env(stub_dir: Path, tp: int, pristine: bool = False) -> dict[str, str
         SGLANG_USE_CPU_ENGINE="1",
         SGLANG_NCCL_SO_PATH="/nonexistent",
         SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(tp)),
+        # SGLang applies that binding only on AMX and arm64 CPUs; elsewhere each
+        # rank starts a thread per core, and a forward pass then waits on
+        # whichever thread another busy process preempted.
+        OMP_NUM_THREADS="1",
         LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(stub_dir), env.get("LD_LIBRARY_PATH")])),
         PYTHONUNBUFFERED="1",
         TOKENIZERS_PARALLELISM="false",
