@@ -6,13 +6,14 @@ In one run, on one >= 500 MB model:
       (per bucket: the HTTP call in a thread, then the broadcast);
   (c) ours: prepare, broadcast every bucket, complete (2 HTTP calls),
       without and with sender digests.
-Each is timed end to end, first sync and steady state apart, and (b) and (c)
-run under a serving load to measure the stall they cause: the larger of the
+Each is timed end to end on an idle server, first sync and steady state
+apart, the four taking turns round by round; then (b) and (c) run under a
+serving load to measure the stall they cause: the larger of the
 longest gap between tokens of streams in flight and the extra time to first
 token of requests issued during the update, each against the same load with
 no update. Results: bench/results/cpu-<date>.json.
 
-    .venv/bin/python bench/cpu_sync.py [--steady 3] [--bucket-mb 64]
+    .venv/bin/python bench/cpu_sync.py [--steady 7] [--bucket-mb 64]
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ pool = cf.ThreadPoolExecutor(8)
 
 
 def _raw_receiver(port: int, sizes: list[int], rounds: int, cpus) -> None:
-    if cpus:  # the cores an engine's TP rank gets (SGLANG_CPU_OMP_THREADS_BIND)
+    if cpus:  # the cores the engine's scheduler has
         os.sched_setaffinity(0, cpus)
     pg = join_update_group("127.0.0.1", port, 2, rank=1, group_name="raw")
     bufs = [torch.empty(n, dtype=torch.uint8) for n in sizes]
@@ -61,22 +62,27 @@ def _raw_receiver(port: int, sizes: list[int], rounds: int, cpus) -> None:
     leave_update_group(pg)
 
 
-def bench_raw(flats: list[torch.Tensor], rounds: int, cpus=None) -> list[float]:
-    port = free_port()
-    proc = mp.get_context("spawn").Process(
-        target=_raw_receiver, args=(port, [f.numel() for f in flats], rounds, cpus)
-    )
-    proc.start()
-    pg = join_update_group("127.0.0.1", port, 2, group_name="raw")
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
+class RawPeer:
+    """A bare receiver process, up for the whole run, so that raw rounds take
+    turns with the others and see the same machine (raw alone varied by 40 %
+    from run to run)."""
+
+    def __init__(self, flats: list[torch.Tensor], rounds: int, cpus):
+        port = free_port()
+        self.proc = mp.get_context("spawn").Process(
+            target=_raw_receiver, args=(port, [f.numel() for f in flats], rounds, cpus)
+        )
+        self.proc.start()
+        self.pg = join_update_group("127.0.0.1", port, 2, group_name="raw")
+
+    def round(self, flats: list[torch.Tensor]) -> int:
         for flat in flats:
-            dist.broadcast(flat, src=0, group=pg)
-        times.append(time.perf_counter() - t0)
-    proc.join(60)
-    leave_update_group(pg)
-    return times
+            dist.broadcast(flat, src=0, group=self.pg)
+        return 0
+
+    def close(self) -> None:
+        self.proc.join(60)
+        leave_update_group(self.pg)
 
 
 # --- serving load --------------------------------------------------------------
@@ -175,6 +181,7 @@ class Trainer:
         )  # fmt: skip
         self.pg = join_update_group("127.0.0.1", port, 2, group_name=self.group_name)
         fut.result()
+        self.phases: dict[str, list[dict]] = {}
 
     def upstream(self, buckets, flats) -> int:
         calls = 0
@@ -191,30 +198,30 @@ class Trainer:
         return calls
 
     def ours(self, buckets, flats, digests: bool) -> int:
+        t0 = time.perf_counter()
         meta = [
             b.meta(digest_bytes(f) if digests else None) for b, f in zip(buckets, flats)
         ]
+        t1 = time.perf_counter()
         client.prepare_weights_update(
             self.url, meta, group_name=self.group_name, load_format="flattened_bucket"
         )
+        t2 = time.perf_counter()
         for flat in flats:
             dist.broadcast(flat, src=0, group=self.pg)
+        t3 = time.perf_counter()
         done = client.complete_weights_update(self.url, group_name=self.group_name)
-        self.last_stats = done.stats  # where the server's time went
+        t4 = time.perf_counter()
+        # Where the trainer's and the server's time went
+        self.phases.setdefault("ours_digest" if digests else "ours", []).append(
+            {"digests_s": t1 - t0, "prepare_s": t2 - t1, "broadcast_s": t3 - t2,
+             "complete_s": t4 - t3, **done.stats}
+        )  # fmt: skip
         return 2
 
     def close(self):
         client.destroy_weights_update_group(self.url, group_name=self.group_name)
         leave_update_group(self.pg)
-
-
-def timed(fn, rounds: int) -> tuple[list[float], int]:
-    times, calls = [], 0
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        calls = fn()
-        times.append(time.perf_counter() - t0)
-    return times, calls
 
 
 def summary(times: list[float]) -> dict:
@@ -228,7 +235,7 @@ def summary(times: list[float]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--steady", type=int, default=3, help="steady-state rounds after the first"
+        "--steady", type=int, default=7, help="steady-state rounds after the first"
     )
     ap.add_argument("--bucket-mb", type=int, default=64)
     ap.add_argument("--size", default="bench", help="harness model size")
@@ -253,26 +260,53 @@ def main() -> int:
         digest_bytes(flat)
     digest_cost = time.perf_counter() - t0
 
-    raw_pinned = bench_raw(flats, rounds, cpus={0})
-    raw_unpinned = bench_raw(flats, rounds)
+    # The all-or-nothing floor: the apply copies the whole model once, after
+    # the last byte, on the rank's one core.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    dst = [torch.empty_like(f) for f in flats]
+    copies = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for d, f in zip(dst, flats):
+            d.copy_(f)
+        copies.append(time.perf_counter() - t0)
+    memcpy_model = min(copies)
+    del dst
+    torch.set_num_threads(threads)
 
     server = launch(
         model, ROOT / "build" / "logs" / "bench-cpu.log", tp=1, ready_timeout=600
     )
-    # The raw receiver gets the cores the engine's scheduler really has: the
-    # CPU recipe asks for one per TP rank, but SGLang binds only on some CPUs.
+    # The raw receiver gets the cores the engine's scheduler really has.
     import psutil
 
     sched = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
              if "scheduler" in p.name()]  # fmt: skip
     sched_cpus = sorted(sched[0].cpu_affinity()) if sched else []
-    pinned = len(sched_cpus) < (os.cpu_count() or 1)
-    raw = raw_pinned if pinned else raw_unpinned
-    print(f"engine scheduler cpus {sched_cpus}; (a) raw broadcast: first {raw[0]:.3f}s "
-          f"steady {statistics.median(raw[1:]):.3f}s")  # fmt: skip
+    print(f"engine scheduler cpus {sched_cpus}")
     try:
+        raw_peer = RawPeer(flats, rounds, set(sched_cpus) or None)
         trainer = Trainer(server.url)
-        results: dict = {}
+        paths = {
+            "raw": lambda: raw_peer.round(flats),
+            "upstream": lambda: trainer.upstream(buckets, flats),
+            "ours": lambda: trainer.ours(buckets, flats, digests=False),
+            "ours_digest": lambda: trainer.ours(buckets, flats, digests=True),
+        }
+        # Idle server, the transfer cost alone; the paths take turns each round.
+        times: dict = {label: [] for label in paths}
+        calls: dict = {}
+        for _ in range(rounds):
+            for label, fn in paths.items():
+                t0 = time.perf_counter()
+                calls[label] = fn()
+                times[label].append(time.perf_counter() - t0)
+        raw_peer.close()
+        for label in paths:
+            print(f"{label}: {times[label][0]:.3f}s first, "
+                  f"{statistics.median(times[label][1:]):.3f}s steady")  # fmt: skip
+
         # Serving baseline: the same load, no update. Windows are read after
         # the load ends, so streams in flight at the end are complete.
         with Load(server.url) as load:
@@ -282,17 +316,13 @@ def main() -> int:
         baseline = load.stall_in(*window)
         errors = list(load.errors)
         print(f"baseline under load: {baseline}")
-        for label, fn in (
-            ("upstream", lambda: trainer.upstream(buckets, flats)),
-            ("ours", lambda: trainer.ours(buckets, flats, digests=False)),
-            ("ours_digest", lambda: trainer.ours(buckets, flats, digests=True)),
-        ):
-            times, calls = timed(fn, rounds)  # idle server: transfer cost alone
+        results: dict = {"raw": summary(times["raw"])}
+        for label in ("upstream", "ours", "ours_digest"):
             windows = []
             with Load(server.url) as load:  # under load: the serving stall
                 for _ in range(rounds):
                     start = time.monotonic()
-                    fn()
+                    paths[label]()
                     windows.append((start, time.monotonic()))
                     time.sleep(1.0)  # let the load settle between updates
             stalls = [stall_of(load.stall_in(*w), baseline) for w in windows]
@@ -301,16 +331,28 @@ def main() -> int:
             ]  # median
             stall["all_stall_s"] = [x["stall_s"] for x in stalls]
             errors += load.errors
-            results[label] = {**summary(times), "http_calls": calls, "stall": stall}
-            if label.startswith("ours"):
-                results[label]["server_stats_last"] = trainer.last_stats
-            print(f"{label}: {results[label]['first_s']:.3f}s first, "
-                  f"{results[label]['steady_s']:.3f}s steady, {calls} calls, "
-                  f"stall {stall['stall_s']:.3f}s")  # fmt: skip
+            results[label] = {
+                **summary(times[label]),
+                "http_calls": calls[label],
+                "stall": stall,
+            }
+            if label in trainer.phases:
+                steady = trainer.phases[label][1:rounds]  # idle rounds only
+                results[label]["phases_steady"] = {
+                    k: statistics.median(p[k] for p in steady)
+                    for k in steady[0]
+                    if isinstance(steady[0][k], float)
+                }
+            print(f"{label}: stall {stall['stall_s']:.3f}s")
+            if "phases_steady" in results[label]:
+                print("  steady phases: " + ", ".join(
+                    f"{k} {v:.3f}" for k, v in results[label]["phases_steady"].items()
+                ))  # fmt: skip
         trainer.close()
     finally:
         server.stop()
 
+    raw = times["raw"]
     raw_steady = statistics.median(raw[1:])
     up, ours, ours_d = results["upstream"], results["ours"], results["ours_digest"]
     out = {
@@ -326,14 +368,15 @@ def main() -> int:
         "num_buckets": len(buckets),
         "bucket_bytes": args.bucket_mb << 20,
         "raw": summary(raw),
-        "raw_pinned_one_core": summary(raw_pinned),
-        "raw_unpinned": summary(raw_unpinned),
         "engine_scheduler_cpus": sched_cpus,
         "upstream": up,
         "ours": ours,
         "ours_with_digest": ours_d,
         "digest_seconds_sender": digest_cost,
+        "memcpy_model_seconds_one_thread": memcpy_model,
         "e2e_ratio_vs_raw": ours["steady_s"] / raw_steady,
+        # raw + one copy of the model: no all-or-nothing update can beat it
+        "e2e_floor_ratio_vs_raw": (raw_steady + memcpy_model) / raw_steady,
         "e2e_ratio_vs_raw_first": ours["first_s"] / raw[0],
         "e2e_ratio_vs_raw_with_digest": ours_d["steady_s"] / raw_steady,
         "upstream_ratio_vs_raw": up["steady_s"] / raw_steady,
