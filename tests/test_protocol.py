@@ -83,3 +83,12 @@ def test_progress_bar_without_tqdm_prints_a_line_per_bucket(monkeypatch, capsys)
     assert capsys.readouterr().err.splitlines() == [
         "sync: bucket 1/2, 1.0 MB", "sync: bucket 2/2, 2.0 MB"
     ]  # fmt: skip
+
+
+def test_client_keeps_one_http_client_per_process(monkeypatch):
+    from rlsync import client
+
+    first = client.http_client()
+    assert client.http_client() is first  # built once: it costs ~17 ms
+    monkeypatch.setattr(client.os, "getpid", lambda: -1)  # as in a forked child
+    assert client.http_client() is not first

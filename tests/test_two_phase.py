@@ -9,7 +9,6 @@ import os
 import threading
 import time
 
-import httpx
 import pytest
 import requests
 import torch
@@ -63,9 +62,10 @@ def test_full_update_then_restore(
     original_out, original_sampled = greedy(server.url), sampled(server.url)
     trainer = GlooTrainer([server.url], [tp], group_name=f"full_{tp}_{load_format}")
     calls = []
-    real_request = httpx.request
+    http = client.http_client()  # every rlsync.client call goes through it
+    real_request = http.request
     monkeypatch.setattr(
-        httpx, "request", lambda *a, **k: calls.append(a[1]) or real_request(*a, **k)
+        http, "request", lambda *a, **k: calls.append(a[1]) or real_request(*a, **k)
     )
     try:
         new = randomized(model_weights, seed=tp)
