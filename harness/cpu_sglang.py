@@ -150,6 +150,7 @@ def launch(
     ready_timeout: float = 240.0,
     env_overrides: dict[str, str] | None = None,
     port: int | None = None,
+    sleep_on_idle: bool = True,
 ) -> Server:
     stub = build_stub_libcuda(python)
     port = port or free_port()
@@ -161,7 +162,7 @@ def launch(
         "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
         "--tp", str(tp), "--skip-server-warmup",
         # Idle schedulers sleep instead of polling: 2 cores host several servers.
-        "--sleep-on-idle",
+        *(["--sleep-on-idle"] if sleep_on_idle else []),
         *(extra_args or []),
     ]  # fmt: skip
     env = server_env(stub, tp, pristine)

@@ -30,13 +30,13 @@ def upstream_tree() -> Path:
     return ensure_upstream(Layout(ROOT))
 
 
-def _start(request, tiny_model, tp, pristine, extra_args, env=None, name=None):
+def _start(request, tiny_model, tp, pristine, extra_args, env=None, name=None, **kw):
     tag = name or re.sub(r"[^A-Za-z0-9_.-]+", "_", request.node.name)
     flavour = "pristine" if pristine else "patched"
     log = LOGS / f"{tag}-{flavour}-tp{tp}-{next(_counter)}.log"
     return cpu_sglang.launch(
         tiny_model, log, tp=tp, pristine=pristine, extra_args=extra_args,
-        env_overrides=env,
+        env_overrides=env, **kw,
     )  # fmt: skip
 
 
@@ -46,8 +46,8 @@ def start_server(request, tiny_model, upstream_tree):
     servers it started are stopped (whole process group) at teardown."""
     started: list[cpu_sglang.Server] = []
 
-    def start(tp: int = 1, pristine: bool = False, extra_args=None, env=None):
-        server = _start(request, tiny_model, tp, pristine, extra_args, env)
+    def start(tp: int = 1, pristine: bool = False, extra_args=None, env=None, **kw):
+        server = _start(request, tiny_model, tp, pristine, extra_args, env, **kw)
         started.append(server)
         return server
 

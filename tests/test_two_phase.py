@@ -179,6 +179,49 @@ def test_serving_continues_during_the_transfer(server_tp1, trainer_tp1, model_we
     update_two_phase(trainer_tp1, model_weights)
 
 
+def scheduler_cpu_seconds(server, seconds: float) -> float:
+    """CPU time the scheduler process spends over a window of `seconds`."""
+    import psutil
+
+    (sched,) = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
+                if "scheduler" in p.name()]  # fmt: skip
+    before = sched.cpu_times()
+    time.sleep(seconds)  # the measured window, not a synchronisation
+    after = sched.cpu_times()
+    return (after.user + after.system) - (before.user + before.system)
+
+
+def test_idle_scheduler_yields_to_a_receive(start_server, model_weights):
+    # Upstream's default: an idle scheduler polls its sockets in a busy loop.
+    server = start_server(sleep_on_idle=False)
+    spinning = scheduler_cpu_seconds(server, 1.0)
+    assert spinning > 0.5, f"control: the idle scheduler used only {spinning:.2f}s"
+    trainer = GlooTrainer([server.url], [1], group_name=f"yield_{free_port()}")
+    during: dict = {}
+
+    def hold(i: int) -> None:  # the receiver waits for bytes meanwhile
+        if i == 0:
+            during["cpu"] = scheduler_cpu_seconds(server, 1.0)
+            # The scheduler still wakes for a request while it waits.
+            during["greedy"] = greedy(server.url)
+
+    try:
+        (result,) = update_two_phase(
+            trainer,
+            randomized(model_weights, seed=5),
+            bucket_bytes=64 << 10,
+            between_buckets=hold,
+        )
+        assert result.success, result.message
+        assert during["cpu"] < 0.25 * spinning, (
+            f"the idle scheduler used {during['cpu']:.2f}s of CPU in 1s while a "
+            f"receive ran ({spinning:.2f}s without one)"
+        )
+        assert len(during["greedy"]) == 12
+    finally:
+        trainer.close()
+
+
 # --- bad input ----------------------------------------------------------------
 
 GOOD = {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[64]]}

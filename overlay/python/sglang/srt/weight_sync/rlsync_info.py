@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 # The rlsync patch series applied to this tree, and the release it is made for.
-SERIES = 4
+SERIES = 5
 PIN = {"name": "sglang", "version": "0.5.10"}
 FEATURES = (
     "watchdog_pause",  # 0001: blocking weight updates pause the watchdogs
@@ -19,6 +19,7 @@ FEATURES = (
     "secret_redaction",  # 0006
     "rlsync_info",  # 0006
     "rank_results",  # 0007: admin weight operations answer every TP rank
+    "idle_scheduler_yields_to_receiver",  # 0008
 )
 
 
