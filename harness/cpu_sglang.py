@@ -117,6 +117,13 @@ class Server:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def schedulers(self) -> list:
+        """The scheduler processes (psutil.Process), one per TP rank."""
+        import psutil
+
+        return [p for p in psutil.Process(self.proc.pid).children(recursive=True)
+                if "scheduler" in p.name()]  # fmt: skip
+
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc.poll() is not None:
             return
