@@ -148,7 +148,12 @@ def test_sync_through_router_reaches_both_and_generation_avoids_the_apply(
 def test_admin_lock_bound_then_failed_init_disables_until_enabled(
     server_tp1, router_factory
 ):
-    router = router_factory([server_tp1.url], "--admin-wait", "1", "--route-wait", "1")
+    # No health checks here: torch may retry the rendezvous once past its
+    # timeout, and the worker's health then reports the init past its deadline.
+    router = router_factory(
+        [server_tp1.url], "--admin-wait", "1", "--route-wait", "1",
+        "--health-interval", "600",
+    )  # fmt: skip
     holder = []
     slow = threading.Thread(target=lambda: holder.append(requests.post(
         router.url + "/init_weights_update_group",
