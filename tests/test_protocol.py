@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from rlsync.protocol import (
     BucketMetadata,
     CompleteWeightsUpdateRequest,
@@ -38,16 +37,24 @@ def test_bucket_metadata_rejects_unequal_lengths():
 
 def test_complete_request_drops_unset_optionals():
     assert CompleteWeightsUpdateRequest("g").to_json() == {
-        "group_name": "g", "flush_cache": False, "apply": True, "drain": False,
+        "group_name": "g",
+        "flush_cache": False,
+        "apply": True,
+        "drain": False,
         "release_staging": False,
-    }  # fmt: skip
+    }
 
 
 def test_answers_parse_keep_extras_and_name_missing_fields():
     out = CompleteWeightsUpdateResponse.from_json(
-        {"success": True, "num_buckets_received": 3, "message": "",
-         "rank_results": [{"rank": 0, "success": True, "message": ""}], "new": 1}
-    )  # fmt: skip
+        {
+            "success": True,
+            "num_buckets_received": 3,
+            "message": "",
+            "rank_results": [{"rank": 0, "success": True, "message": ""}],
+            "new": 1,
+        }
+    )
     assert out.rank_results == [RankResult(0, True, "")] and out.extra == {"new": 1}
     with pytest.raises(ProtocolError, match="missing status"):
         PrepareWeightsUpdateResponse.from_json({"message": "x"})
@@ -81,8 +88,9 @@ def test_progress_bar_without_tqdm_prints_a_line_per_bucket(monkeypatch, capsys)
     report(1, 2, 1_000_000)
     report(2, 2, 2_000_000)
     assert capsys.readouterr().err.splitlines() == [
-        "sync: bucket 1/2, 1.0 MB", "sync: bucket 2/2, 2.0 MB"
-    ]  # fmt: skip
+        "sync: bucket 1/2, 1.0 MB",
+        "sync: bucket 2/2, 2.0 MB",
+    ]
 
 
 def test_client_keeps_one_http_client_per_process(monkeypatch):

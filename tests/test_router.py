@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import requests
+from rlsync import client
+from rlsync.sender import Engine, SyncError, WeightSender
 
 from harness.cpu_sglang import free_port
 from harness.weights import greedy, randomized
-from rlsync import client
-from rlsync.sender import Engine, SyncError, WeightSender
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,10 +28,22 @@ class RouterProc:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlsync.cli", "router", *workers, "--port",
-             str(self.port), "--health-interval", "0.5", *args],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "rlsync.cli",
+                "router",
+                *workers,
+                "--port",
+                str(self.port),
+                "--health-interval",
+                "0.5",
+                *args,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -76,9 +88,12 @@ def router_factory():
 def generate(url: str) -> requests.Response:
     return requests.post(
         url + "/generate",
-        json={"text": "route me", "sampling_params": {"max_new_tokens": 8, "temperature": 0}},
+        json={
+            "text": "route me",
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+        },
         timeout=120,
-    )  # fmt: skip
+    )
 
 
 def test_sync_through_router_reaches_both_and_generation_avoids_the_apply(
@@ -89,9 +104,12 @@ def test_sync_through_router_reaches_both_and_generation_avoids_the_apply(
     before = greedy(a, "Fleet")
     checksum_before = client.weights_checksum(a)["checksum"]
     sender = WeightSender(
-        [Engine(router.url, tp_size=2)], master_port=free_port(),
-        group_name=f"router_{free_port()}", backend="gloo", bucket_bytes=64 << 10,
-    )  # fmt: skip
+        [Engine(router.url, tp_size=2)],
+        master_port=free_port(),
+        group_name=f"router_{free_port()}",
+        backend="gloo",
+        bucket_bytes=64 << 10,
+    )
     sender.connect()
     stop, outcomes = threading.Event(), []
 
@@ -151,15 +169,32 @@ def test_admin_lock_bound_then_failed_init_disables_until_enabled(
     # No health checks here: torch may retry the rendezvous once past its
     # timeout, and the worker's health then reports the init past its deadline.
     router = router_factory(
-        [server_tp1.url], "--admin-wait", "1", "--route-wait", "1",
-        "--health-interval", "600",
-    )  # fmt: skip
+        [server_tp1.url],
+        "--admin-wait",
+        "1",
+        "--route-wait",
+        "1",
+        "--health-interval",
+        "600",
+    )
     holder = []
-    slow = threading.Thread(target=lambda: holder.append(requests.post(
-        router.url + "/init_weights_update_group",
-        json={"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1,
-              "world_size": 2, "group_name": "nobody_joins", "backend": "gloo", "timeout": 6},
-        timeout=60)))  # fmt: skip
+    slow = threading.Thread(
+        target=lambda: holder.append(
+            requests.post(
+                router.url + "/init_weights_update_group",
+                json={
+                    "master_address": "127.0.0.1",
+                    "master_port": free_port(),
+                    "rank_offset": 1,
+                    "world_size": 2,
+                    "group_name": "nobody_joins",
+                    "backend": "gloo",
+                    "timeout": 6,
+                },
+                timeout=60,
+            )
+        )
+    )
     slow.start()
     time.sleep(0.3)  # let it take the lock
     t0 = time.monotonic()
@@ -200,9 +235,13 @@ def test_worker_killed_mid_broadcast_is_marked_dead_and_reported(
     router = router_factory([a, doomed.url])
     before = greedy(a, "Fleet")
     sender = WeightSender(
-        [Engine(router.url, tp_size=2)], master_port=free_port(), timeout=30,
-        group_name=f"router_kill_{free_port()}", backend="gloo", bucket_bytes=64 << 10,
-    )  # fmt: skip
+        [Engine(router.url, tp_size=2)],
+        master_port=free_port(),
+        timeout=30,
+        group_name=f"router_kill_{free_port()}",
+        backend="gloo",
+        bucket_bytes=64 << 10,
+    )
     sender.connect()
 
     def kill_after_first(sent, total, nbytes):
@@ -213,12 +252,16 @@ def test_worker_killed_mid_broadcast_is_marked_dead_and_reported(
         with pytest.raises(SyncError) as err:
             sender.sync(randomized(model_weights, 61), progress=kill_after_first)
         assert err.value.step == "broadcast"
-        state = wait_for(lambda: (s := router.workers()) and s[doomed.url]["dead"] and s,
-                         10, "the router to mark the killed worker dead")  # fmt: skip
+        state = wait_for(
+            lambda: (s := router.workers()) and s[doomed.url]["dead"] and s,
+            10,
+            "the router to mark the killed worker dead",
+        )
         assert not state[doomed.url]["routable"] and not state[a]["dead"]
         # The next broadcast goes to the live worker and reports the dead one.
-        resp = requests.post(router.url + "/weights_checker", json={"action": "checksum"},
-                             timeout=60)  # fmt: skip
+        resp = requests.post(
+            router.url + "/weights_checker", json={"action": "checksum"}, timeout=60
+        )
         body = resp.json()
         assert resp.status_code == 200 and body["success"], body
         assert body["dead"] == [doomed.url] and [w["url"] for w in body["workers"]] == [
@@ -250,8 +293,9 @@ def test_restarted_worker_waits_for_the_fleet_version(
     router = router_factory([a.url, b.url])
     synced = requests.post(
         router.url + "/update_weights_from_disk",
-        json={"model_path": str(tiny_model), "weight_version": "fleet-2"}, timeout=120,
-    )  # fmt: skip
+        json={"model_path": str(tiny_model), "weight_version": "fleet-2"},
+        timeout=120,
+    )
     assert synced.status_code == 200, synced.text
     assert (
         requests.get(router.url + "/model_info", timeout=10).json()["weight_version"]
@@ -279,8 +323,9 @@ def test_restarted_worker_waits_for_the_fleet_version(
         # Once it serves the fleet's version it is back in routing.
         requests.post(
             b.url + "/update_weights_from_disk",
-            json={"model_path": str(tiny_model), "weight_version": "fleet-2"}, timeout=120,
-        ).raise_for_status()  # fmt: skip
+            json={"model_path": str(tiny_model), "weight_version": "fleet-2"},
+            timeout=120,
+        ).raise_for_status()
         wait_for(lambda: router.workers()[b.url]["routable"], 15, "b routable again")
     finally:
         restarted.stop()
@@ -298,8 +343,12 @@ def test_router_admin_key_and_forwarded_authorization(start_server, router_facto
         == 401
     )
     wrong = {"Authorization": "Bearer nope"}
-    assert requests.post(router.url + "/weights_checker", json=checksum, headers=wrong,
-                         timeout=30).status_code == 401  # fmt: skip
+    assert (
+        requests.post(
+            router.url + "/weights_checker", json=checksum, headers=wrong, timeout=30
+        ).status_code
+        == 401
+    )
     assert requests.get(router.url + "/workers", timeout=30).status_code == 401
     right = {"Authorization": f"Bearer {key}"}
     resp = requests.post(

@@ -6,12 +6,12 @@ import time
 
 import pytest
 import torch
+from rlsync import client
+from rlsync.sender import Engine, SyncError, WeightSender
 
 from harness.cpu_sglang import free_port
 from harness.weights import greedy as served_greedy
 from harness.weights import randomized
-from rlsync import client
-from rlsync.sender import Engine, SyncError, WeightSender
 
 PROMPT = "Fleet"
 
@@ -24,9 +24,11 @@ def greedy(url: str) -> list[int]:
 def fleet(server_tp1, server_tp2):
     sender = WeightSender(
         [Engine(server_tp1.url, 1), Engine(server_tp2.url, 2)],
-        master_port=free_port(), group_name=f"fleet_{free_port()}", backend="gloo",
+        master_port=free_port(),
+        group_name=f"fleet_{free_port()}",
+        backend="gloo",
         bucket_bytes=64 << 10,
-    )  # fmt: skip
+    )
     sender.connect()
     yield sender
     sender.close()
@@ -77,9 +79,12 @@ def test_engine_down_at_prepare_names_it_and_aborts_the_others(
 ):
     doomed = start_server(tp=1)
     sender = WeightSender(
-        [Engine(server_tp1.url, 1), Engine(doomed.url, 1)], master_port=free_port(),
-        group_name=f"down_{free_port()}", backend="gloo", bucket_bytes=64 << 10,
-    )  # fmt: skip
+        [Engine(server_tp1.url, 1), Engine(doomed.url, 1)],
+        master_port=free_port(),
+        group_name=f"down_{free_port()}",
+        backend="gloo",
+        bucket_bytes=64 << 10,
+    )
     sender.connect()
     before = greedy(server_tp1.url)
     doomed.stop()
@@ -130,9 +135,12 @@ def test_engine_refusing_the_group_fails_connect_at_once(start_server):
     at once instead of waiting out the trainer's rendezvous timeout."""
     locked = start_server(extra_args=["--admin-api-key", "k3y"])
     sender = WeightSender(
-        [Engine(locked.url, 1)], master_port=free_port(), backend="gloo", timeout=120,
+        [Engine(locked.url, 1)],
+        master_port=free_port(),
+        backend="gloo",
+        timeout=120,
         group_name=f"refused_{free_port()}",
-    )  # fmt: skip
+    )
     t0 = time.monotonic()
     with pytest.raises(SyncError, match="init_weights_update_group: HTTP 401") as err:
         sender.connect()

@@ -37,27 +37,33 @@ from typing import Any, Optional
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-
 from rlsync.client import error_message
 
 GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
 # Broadcast behind the admin lock; the first group also leaves routing meanwhile.
 UPDATE_ROUTES = (
-    "/update_weights_from_distributed", "/update_weights_from_disk",
-    "/update_weights_from_tensor", "/complete_weights_update",
+    "/update_weights_from_distributed",
+    "/update_weights_from_disk",
+    "/update_weights_from_tensor",
+    "/complete_weights_update",
     "/pause_generation",
-)  # fmt: skip
+)
 LOCKED_ROUTES = UPDATE_ROUTES + (
-    "/init_weights_update_group", "/destroy_weights_update_group",
-    "/prepare_weights_update", "/abort_weights_update", "/continue_generation",
-)  # fmt: skip
+    "/init_weights_update_group",
+    "/destroy_weights_update_group",
+    "/prepare_weights_update",
+    "/abort_weights_update",
+    "/continue_generation",
+)
 # Broadcast without the lock: they change no weights.
 OTHER_ADMIN_ROUTES = ("/weights_checker", "/flush_cache", "/get_weights_by_name")
 # Answers that carry a weight version the fleet moves to.
 VERSIONED_ROUTES = (
-    "/update_weights_from_distributed", "/update_weights_from_disk",
-    "/update_weights_from_tensor", "/complete_weights_update",
-)  # fmt: skip
+    "/update_weights_from_distributed",
+    "/update_weights_from_disk",
+    "/update_weights_from_tensor",
+    "/complete_weights_update",
+)
 
 
 @dataclass
@@ -239,11 +245,14 @@ class Router:
                 )
             except asyncio.TimeoutError:
                 return JSONResponse(
-                    {"success": False,
-                     "message": f"admin lock held by {self.admin_holder} for "
-                                f"{time.monotonic() - self.admin_since:.1f}s; waited "
-                                f"{self.config.admin_wait:g}s"}, status_code=503,
-                )  # fmt: skip
+                    {
+                        "success": False,
+                        "message": f"admin lock held by {self.admin_holder} for "
+                        f"{time.monotonic() - self.admin_since:.1f}s; waited "
+                        f"{self.config.admin_wait:g}s",
+                    },
+                    status_code=503,
+                )
             self.admin_holder, self.admin_since = path, time.monotonic()
         try:
             return await self._broadcast(path, body, headers)
@@ -275,9 +284,14 @@ class Router:
         targets = [w for w in self.workers if not w.dead]
         if not targets:
             return JSONResponse(
-                {"success": False, "message": "no live worker", "workers": [],
-                 "dead": [w.url for w in self.workers]}, status_code=503,
-            )  # fmt: skip
+                {
+                    "success": False,
+                    "message": "no live worker",
+                    "workers": [],
+                    "dead": [w.url for w in self.workers],
+                },
+                status_code=503,
+            )
         try:
             bodies = self._bodies(path, body, targets)
         except (ValueError, TypeError) as e:
@@ -310,8 +324,12 @@ class Router:
             resp = await self.http.post(w.url + path, json=body, headers=headers)
         except httpx.HTTPError as e:
             self._mark_dead(w, f"{path}: {type(e).__name__}: {e}")
-            return {"url": w.url, "status_code": 0, "success": False,
-                    "message": f"worker dead: {type(e).__name__}: {e}"}  # fmt: skip
+            return {
+                "url": w.url,
+                "status_code": 0,
+                "success": False,
+                "message": f"worker dead: {type(e).__name__}: {e}",
+            }
         try:
             answer = resp.json()
         except ValueError:
@@ -352,13 +370,18 @@ class Router:
             )
         if any("rank_results" in d for d in dicts):
             merged["rank_results"] = [
-                {**r, "worker": a["url"]} for a in answers
-                if isinstance(a.get("answer"), dict) for r in a["answer"].get("rank_results", [])
-            ]  # fmt: skip
+                {**r, "worker": a["url"]}
+                for a in answers
+                if isinstance(a.get("answer"), dict)
+                for r in a["answer"].get("rank_results", [])
+            ]
         if "status" in merged:
             merged["status"] = "ready" if ok else "error"
-        failures = [f"{a['url']}: {_message(a.get('answer', a.get('message')))}"
-                    for a in answers if not a["success"]]  # fmt: skip
+        failures = [
+            f"{a['url']}: {_message(a.get('answer', a.get('message')))}"
+            for a in answers
+            if not a["success"]
+        ]
         skipped = [u for u in dead if u not in {a["url"] for a in answers}]
         if skipped:
             failures.append(f"not sent to dead workers: {', '.join(skipped)}")
@@ -399,8 +422,10 @@ class Router:
         return {
             "fleet_weight_version": self.fleet_version,
             "admin_lock": self.admin_holder or None,
-            "workers": [{**asdict(w), "routable": w.routable, "state": self._state(w)}
-                        for w in self.workers],  # fmt: skip
+            "workers": [
+                {**asdict(w), "routable": w.routable, "state": self._state(w)}
+                for w in self.workers
+            ],
         }
 
 
@@ -446,9 +471,11 @@ def create_app(config: RouterConfig) -> FastAPI:
             except LookupError as e:
                 return JSONResponse({"error": str(e)}, status_code=503)
             req = router.http.build_request(
-                "POST", w.url + path, content=body,
+                "POST",
+                w.url + path,
+                content=body,
                 headers={**forwarded(request), "content-type": "application/json"},
-            )  # fmt: skip
+            )
             try:
                 resp = await router.http.send(req, stream=True)
             except httpx.HTTPError as e:
@@ -465,9 +492,10 @@ def create_app(config: RouterConfig) -> FastAPI:
                     await router.release(w)
 
             return StreamingResponse(
-                relay(), status_code=resp.status_code,
+                relay(),
+                status_code=resp.status_code,
                 media_type=resp.headers.get("content-type"),
-            )  # fmt: skip
+            )
 
         app.add_api_route(path, generate, methods=["POST"])
 
@@ -520,9 +548,13 @@ def create_app(config: RouterConfig) -> FastAPI:
         match = [w for w in router.workers if w.url == url]
         if not match:
             return JSONResponse(
-                {"success": False, "message": f"url: no worker {url!r}; workers: "
-                 f"{[w.url for w in router.workers]}"}, status_code=400,
-            )  # fmt: skip
+                {
+                    "success": False,
+                    "message": f"url: no worker {url!r}; workers: "
+                    f"{[w.url for w in router.workers]}",
+                },
+                status_code=400,
+            )
         w = match[0]
         w.disabled = not enabled
         w.reason = "" if enabled else str(body.get("reason", "disabled by an operator"))
@@ -569,13 +601,17 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="seconds a generation may wait for a routable worker, then 503",
     )
     ap.add_argument("--health-interval", type=float, default=2.0)
-    ap.add_argument("--request-timeout", type=float, default=600.0)  # fmt: skip
+    ap.add_argument("--request-timeout", type=float, default=600.0)
     args = ap.parse_args(argv)
     config = RouterConfig(
         workers=args.workers,
-        admin_api_key=args.admin_api_key or os.environ.get("SGLANG_ADMIN_API_KEY") or None,
-        admin_wait=args.admin_wait, route_wait=args.route_wait,
-        request_timeout=args.request_timeout, health_interval=args.health_interval,
-    )  # fmt: skip
+        admin_api_key=args.admin_api_key
+        or os.environ.get("SGLANG_ADMIN_API_KEY")
+        or None,
+        admin_wait=args.admin_wait,
+        route_wait=args.route_wait,
+        request_timeout=args.request_timeout,
+        health_interval=args.health_interval,
+    )
     uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning")
     return 0

@@ -26,9 +26,8 @@ from typing import Any, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.concurrency import run_in_threadpool
-
 from rlsync.sender import Engine, SyncError, Weights, WeightSender
+from starlette.concurrency import run_in_threadpool
 
 
 class _BadRequest(ValueError):
@@ -143,10 +142,14 @@ def create_trainer_app(
                 if state["key"] != key:
                     await run_in_threadpool(close_sender)
                     sender = WeightSender(
-                        list(engines.values()), master_address=master_address,
-                        master_port=port, group_name=group_name, backend=backend,
-                        bucket_bytes=mb << 20, timeout=timeout,
-                    )  # fmt: skip
+                        list(engines.values()),
+                        master_address=master_address,
+                        master_port=port,
+                        group_name=group_name,
+                        backend=backend,
+                        bucket_bytes=mb << 20,
+                        timeout=timeout,
+                    )
                     await run_in_threadpool(sender.connect)
                     state["sender"], state["key"] = sender, key
                 sender = state["sender"]
@@ -162,11 +165,17 @@ def create_trainer_app(
                     status_code=502,
                 )
         return JSONResponse(
-            {"success": result.success, "bytes": result.bytes, "buckets": result.buckets,
-             "seconds": result.seconds, "gbps": result.gbps, "http_calls": result.http_calls,
-             "weight_version": result.weight_version,
-             "engines": [asdict(e) for e in result.engines]},
+            {
+                "success": result.success,
+                "bytes": result.bytes,
+                "buckets": result.buckets,
+                "seconds": result.seconds,
+                "gbps": result.gbps,
+                "http_calls": result.http_calls,
+                "weight_version": result.weight_version,
+                "engines": [asdict(e) for e in result.engines],
+            },
             status_code=200 if result.success else 502,
-        )  # fmt: skip
+        )
 
     return app
