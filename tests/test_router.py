@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 import requests
-from rlsync import client
-from rlsync.sender import Engine, SyncError, WeightSender
 
 from harness.cpu_sglang import free_port
 from harness.weights import greedy, randomized
+from rlsync import client
+from rlsync.sender import Engine, SyncError, WeightSender
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,12 +6,12 @@ import time
 
 import pytest
 import torch
-from rlsync import client
-from rlsync.sender import Engine, SyncError, WeightSender
 
 from harness.cpu_sglang import free_port
 from harness.weights import greedy as served_greedy
 from harness.weights import randomized
+from rlsync import client
+from rlsync.sender import Engine, SyncError, WeightSender
 
 PROMPT = "Fleet"
 

@@ -8,11 +8,11 @@ from urllib.parse import urlparse
 
 import pytest
 from fastapi.testclient import TestClient
-from rlsync import client
-from rlsync.trainer_server import create_trainer_app
 
 from harness.cpu_sglang import free_port
 from harness.weights import greedy, randomized
+from rlsync import client
+from rlsync.trainer_server import create_trainer_app
 
 
 @pytest.fixture
