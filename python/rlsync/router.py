@@ -37,6 +37,7 @@ from typing import Any, Optional
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
 from rlsync.client import error_message
 
 GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")

@@ -26,8 +26,9 @@ from typing import Any, Callable, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from rlsync.sender import Engine, SyncError, Weights, WeightSender
 from starlette.concurrency import run_in_threadpool
+
+from rlsync.sender import Engine, SyncError, Weights, WeightSender
 
 
 class _BadRequest(ValueError):
