@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
+from harness import cpu_sglang
 from harness.cpu_sglang import free_port
 from harness.weights import greedy as served_greedy
 from harness.weights import randomized
@@ -14,6 +22,33 @@ from rlsync import client
 from rlsync.sender import Engine, SyncError, WeightSender
 
 PROMPT = "Fleet"
+ROOT = Path(__file__).resolve().parents[1]
+ADMIN_KEY, API_KEY = "k3y", "api-k3y"
+
+
+@pytest.fixture(scope="module")
+def locked(request, tiny_model):
+    """A server with an admin key and an ordinary API key."""
+    server = cpu_sglang.launch(
+        tiny_model,
+        ROOT / "build" / "logs" / "sender-locked.log",
+        extra_args=["--admin-api-key", ADMIN_KEY, "--api-key", API_KEY],
+    )
+    request.addfinalizer(server.stop)
+    return server
+
+
+def join_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name == "rlsync-join"]
+
+
+def port_refuses(port: int) -> bool:
+    """True when nothing listens on the port (the rendezvous store is gone)."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    except ConnectionRefusedError:
+        return True
+    return False
 
 
 def greedy(url: str) -> list[int]:
@@ -130,13 +165,17 @@ def test_sync_takes_a_module_or_a_state_dict(fleet, model_weights):
     assert greedy(url) == before
 
 
-def test_engine_refusing_the_group_fails_connect_at_once(start_server):
+def test_engine_refusing_the_group_fails_connect_at_once_and_tears_the_join_down(
+    locked,
+):
     """An engine that answers init with an error never joins; connect says so
-    at once instead of waiting out the trainer's rendezvous timeout."""
-    locked = start_server(extra_args=["--admin-api-key", "k3y"])
+    at once instead of waiting out the trainer's rendezvous timeout, and the
+    trainer's own join is gone: no thread left in the rendezvous, no store
+    listening on the master port."""
+    port = free_port()
     sender = WeightSender(
-        [Engine(locked.url, 1)],
-        master_port=free_port(),
+        [Engine(locked.url, 1, api_key=API_KEY)],  # the API key is not the admin key
+        master_port=port,
         backend="gloo",
         timeout=120,
         group_name=f"refused_{free_port()}",
@@ -146,3 +185,73 @@ def test_engine_refusing_the_group_fails_connect_at_once(start_server):
         sender.connect()
     assert time.monotonic() - t0 < 20, "not the 120 s rendezvous timeout"
     assert err.value.step == "connect" and locked.url in str(err.value)
+    assert join_threads() == [], "the trainer's join was left running"
+    assert port_refuses(port), "the rendezvous store still listens"
+    assert sender.group is None
+
+
+# The trainer's side of a refused NCCL group on a host without CUDA: the
+# engine refuses (no GPU), then the process must exit normally.
+NCCL_CHILD = """
+import json, sys, threading
+from rlsync.sender import Engine, SyncError, WeightSender
+sender = WeightSender([Engine(sys.argv[1], 1)], master_port=int(sys.argv[2]),
+                      backend="nccl", timeout=120, group_name="nccl_refused")
+try:
+    sender.connect()
+    print(json.dumps({"error": None}))
+except SyncError as e:
+    joins = [t.name for t in threading.enumerate() if t.name == "rlsync-join"]
+    print(json.dumps({"error": str(e), "step": e.step, "joins": joins}))
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without CUDA")
+def test_failed_nccl_rendezvous_raises_and_the_trainer_exits_normally(server_tp1):
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'python'}:{ROOT}"}
+    for attempt in range(3):  # the abort it guards against raced the exit
+        child = subprocess.run(
+            [sys.executable, "-c", NCCL_CHILD, server_tp1.url, str(free_port())],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert "terminate called" not in child.stderr, (attempt, child.stderr[-2000:])
+        assert child.returncode == 0, (attempt, child.returncode, child.stderr[-2000:])
+        result = json.loads(child.stdout.strip().splitlines()[-1])
+        assert result["error"] and result["step"] == "connect", result
+        assert "NCCL" in result["error"], result
+        assert result["joins"] == [], f"attempt {attempt}: join left running"
+
+
+def test_engine_keys_reach_protected_routes(locked, model_weights):
+    """Under --admin-api-key and --api-key: the admin key goes to admin
+    routes, the API key to ordinary ones, and a sync goes through."""
+    url = locked.url
+    sender = WeightSender(
+        [Engine(url, 1, admin_key=ADMIN_KEY, api_key=API_KEY)],
+        master_port=free_port(),
+        backend="gloo",
+        timeout=60,
+        group_name=f"keys_{free_port()}",
+        digests=False,  # the keys are under test here, not the digests
+    )
+    sender.connect()
+    try:
+        result = sender.sync(randomized(model_weights, 81), weight_version="keyed-1")
+        assert result.success, result.engines
+    finally:
+        sender.close()
+    assert client.get_weight_version(url, api_key=API_KEY) == "keyed-1"
+    sent = dict(randomized(model_weights, 81))["model.norm.weight"]
+    got = client.get_weights_by_name(
+        url, "model.norm.weight", truncate_size=4, admin_key=ADMIN_KEY
+    )
+    assert got == sent.float()[:4].tolist()
+    with pytest.raises(client.EngineError, match="HTTP 401"):
+        client.get_weights_by_name(url, "model.norm.weight", truncate_size=4)
+    with pytest.raises(client.EngineError, match="HTTP 401"):
+        client.get_weight_version(url)
+    assert "Engine(url=" in repr(sender.engines[0])
+    assert ADMIN_KEY not in repr(sender.engines[0])

@@ -58,8 +58,26 @@ def http_client() -> httpx.Client:
         return client
 
 
-def bearer_headers(admin_key: Optional[str]) -> dict[str, str]:
-    return {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+def _check_key(name: str, key: str) -> None:
+    """A key goes into an HTTP header: visible ASCII only. The message names
+    the argument, never the key."""
+    if not key.isascii() or not key.isprintable() or any(c.isspace() for c in key):
+        raise ValueError(
+            f"{name}: a key must be visible ASCII characters without spaces"
+        )
+
+
+def bearer_headers(
+    admin_key: Optional[str] = None, api_key: Optional[str] = None
+) -> dict[str, str]:
+    """`Authorization: Bearer <key>`: the admin key where one is given, else
+    the API key (a server run with `--api-key` alone guards its admin routes
+    with that key), else nothing."""
+    for name, key in (("admin_key", admin_key), ("api_key", api_key)):
+        if key:
+            _check_key(name, key)
+            return {"Authorization": f"Bearer {key}"}
+    return {}
 
 
 def call(
@@ -70,17 +88,23 @@ def call(
     method: str = "POST",
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> Any:
-    """One HTTP call; the decoded JSON answer, or EngineError."""
+    """One HTTP call; the decoded JSON answer, or EngineError. Sends
+    `admin_key` (admin routes) or else `api_key` (the server's ordinary
+    `--api-key`) as a bearer token."""
     assert url.startswith(("http://", "https://")), f"url needs a scheme: {url!r}"
     assert endpoint.startswith("/"), f"endpoint must start with '/': {endpoint!r}"
     assert timeout > 0, f"timeout must be > 0, got {timeout}"
     url = url.rstrip("/")
     try:
         resp = http_client().request(
-            method, url + endpoint, json=payload, timeout=timeout,
-            headers=bearer_headers(admin_key),
-        )  # fmt: skip
+            method,
+            url + endpoint,
+            json=payload,
+            timeout=timeout,
+            headers=bearer_headers(admin_key, api_key),
+        )
     except httpx.HTTPError as e:
         raise EngineError(url, endpoint, None, f"{type(e).__name__}: {e}") from e
     try:
@@ -127,17 +151,24 @@ def init_weights_update_group(
     backend: str = "nccl",
     timeout: float = 300.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> dict[str, Any]:
     assert rank_offset >= 1, "rank 0 is the trainer; engines start at 1"
     assert (
         world_size > rank_offset
     ), f"world_size {world_size} <= rank_offset {rank_offset}"
     payload = dict(
-        master_address=master_address, master_port=master_port, rank_offset=rank_offset,
-        world_size=world_size, group_name=group_name, backend=backend,
-    )  # fmt: skip
+        master_address=master_address,
+        master_port=master_port,
+        rank_offset=rank_offset,
+        world_size=world_size,
+        group_name=group_name,
+        backend=backend,
+    )
     endpoint = "/init_weights_update_group"
-    body = call(url, endpoint, payload, timeout=timeout, admin_key=admin_key)
+    body = call(
+        url, endpoint, payload, timeout=timeout, admin_key=admin_key, api_key=api_key
+    )
     return _ok(url, endpoint, body)
 
 
@@ -147,10 +178,16 @@ def destroy_weights_update_group(
     group_name: str = "weight_update_group",
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> dict[str, Any]:
     endpoint = "/destroy_weights_update_group"
     body = call(
-        url, endpoint, {"group_name": group_name}, timeout=timeout, admin_key=admin_key
+        url,
+        endpoint,
+        {"group_name": group_name},
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
     )
     return _ok(url, endpoint, body)
 
@@ -167,21 +204,27 @@ def update_weights_from_distributed(
     weight_version: Optional[str] = None,
     timeout: float = 600.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> dict[str, Any]:
     """Upstream's single-phase update (for unpatched servers)."""
     assert (
         len(names) == len(dtypes) == len(shapes)
     ), "names/dtypes/shapes lengths differ"
     payload: dict[str, Any] = dict(
-        names=list(names), dtypes=list(dtypes), shapes=[list(s) for s in shapes],
-        group_name=group_name, flush_cache=flush_cache,
-    )  # fmt: skip
+        names=list(names),
+        dtypes=list(dtypes),
+        shapes=[list(s) for s in shapes],
+        group_name=group_name,
+        flush_cache=flush_cache,
+    )
     if load_format is not None:
         payload["load_format"] = load_format
     if weight_version is not None:
         payload["weight_version"] = weight_version
     endpoint = "/update_weights_from_distributed"
-    body = call(url, endpoint, payload, timeout=timeout, admin_key=admin_key)
+    body = call(
+        url, endpoint, payload, timeout=timeout, admin_key=admin_key, api_key=api_key
+    )
     return _ok(url, endpoint, body)
 
 
@@ -192,29 +235,50 @@ def update_weights_from_disk(
     weight_version: Optional[str] = None,
     timeout: float = 300.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> dict[str, Any]:
     assert model_path, "model_path cannot be empty"
     payload: dict[str, Any] = {"model_path": model_path}
     if weight_version is not None:
         payload["weight_version"] = weight_version
     endpoint = "/update_weights_from_disk"
-    body = call(url, endpoint, payload, timeout=timeout, admin_key=admin_key)
+    body = call(
+        url, endpoint, payload, timeout=timeout, admin_key=admin_key, api_key=api_key
+    )
     return _ok(url, endpoint, body)
 
 
 def get_weights_by_name(
-    url: str, name: str, *, truncate_size: int = 100, timeout: float = 60.0
+    url: str,
+    name: str,
+    *,
+    truncate_size: int = 100,
+    timeout: float = 60.0,
+    admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> list:
+    """An admin route: `admin_key` (or a `--api-key` server's key) needed
+    where the server has one."""
     assert name, "name cannot be empty"
     payload = {"name": name, "truncate_size": truncate_size}
-    body = call(url, "/get_weights_by_name", payload, timeout=timeout)
+    body = call(
+        url,
+        "/get_weights_by_name",
+        payload,
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
+    )
     if body is None:
         raise EngineError(url, "/get_weights_by_name", 200, f"no parameter {name!r}")
     return body
 
 
-def get_weight_version(url: str, *, timeout: float = 10.0) -> str:
-    body = call(url, "/model_info", method="GET", timeout=timeout)
+def get_weight_version(
+    url: str, *, timeout: float = 10.0, api_key: Optional[str] = None
+) -> str:
+    """`/model_info`, an ordinary route: `api_key` where the server has one."""
+    body = call(url, "/model_info", method="GET", timeout=timeout, api_key=api_key)
     if not isinstance(body, dict) or "weight_version" not in body:
         raise EngineError(url, "/model_info", 200, f"no weight_version in {body!r}")
     return str(body["weight_version"])
@@ -248,20 +312,37 @@ def pause_generation(
     mode: str = "abort",
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> dict[str, Any]:
     """Upstream's /pause_generation: `abort` returns in-flight requests,
     `retract` puts them back in the queue, `in_place` keeps them and their KV
     cache for /continue_generation."""
     assert mode in PAUSE_MODES, f"mode must be one of {PAUSE_MODES}, got {mode!r}"
     return call(
-        url, "/pause_generation", {"mode": mode}, timeout=timeout, admin_key=admin_key
+        url,
+        "/pause_generation",
+        {"mode": mode},
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
     )
 
 
 def continue_generation(
-    url: str, *, timeout: float = 60.0, admin_key: Optional[str] = None
+    url: str,
+    *,
+    timeout: float = 60.0,
+    admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> dict[str, Any]:
-    return call(url, "/continue_generation", {}, timeout=timeout, admin_key=admin_key)
+    return call(
+        url,
+        "/continue_generation",
+        {},
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
+    )
 
 
 # --- two-phase update (rlsync series) --------------------------------------
@@ -276,16 +357,28 @@ def prepare_weights_update(
     weight_version: Optional[str] = None,
     timeout: float = 120.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> PrepareWeightsUpdateResponse:
     """Answers once the server's receiver runs: broadcast right after."""
     assert buckets, "an update needs at least one bucket"
     request = PrepareWeightsUpdateRequest(
         num_buckets=len(buckets),
-        buckets=[b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets],
-        group_name=group_name, load_format=load_format, weight_version=weight_version,
-    )  # fmt: skip
+        buckets=[
+            b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets
+        ],
+        group_name=group_name,
+        load_format=load_format,
+        weight_version=weight_version,
+    )
     endpoint = "/prepare_weights_update"
-    body = call(url, endpoint, request.to_json(), timeout=timeout, admin_key=admin_key)
+    body = call(
+        url,
+        endpoint,
+        request.to_json(),
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
+    )
     answer = _parse(url, endpoint, PrepareWeightsUpdateResponse, body)
     if answer.status != "ready":
         raise EngineError(url, endpoint, 200, answer.message or answer.status)
@@ -304,15 +397,28 @@ def complete_weights_update(
     release_staging: bool = False,
     timeout: float = 600.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> CompleteWeightsUpdateResponse:
     """Waits (server side, up to `wait_timeout`) for every bucket, verifies,
     applies unless `apply=False`. A failed complete raises EngineError."""
     request = CompleteWeightsUpdateRequest(
-        group_name=group_name, flush_cache=flush_cache, weight_version=weight_version,
-        apply=apply, timeout=wait_timeout, drain=drain, release_staging=release_staging,
-    )  # fmt: skip
+        group_name=group_name,
+        flush_cache=flush_cache,
+        weight_version=weight_version,
+        apply=apply,
+        timeout=wait_timeout,
+        drain=drain,
+        release_staging=release_staging,
+    )
     endpoint = "/complete_weights_update"
-    body = call(url, endpoint, request.to_json(), timeout=timeout, admin_key=admin_key)
+    body = call(
+        url,
+        endpoint,
+        request.to_json(),
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
+    )
     return _parse(
         url, endpoint, CompleteWeightsUpdateResponse, _ok(url, endpoint, body)
     )
@@ -324,10 +430,16 @@ def abort_weights_update(
     group_name: str = "weight_update_group",
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> AbortWeightsUpdateResponse:
     endpoint = "/abort_weights_update"
     body = call(
-        url, endpoint, {"group_name": group_name}, timeout=timeout, admin_key=admin_key
+        url,
+        endpoint,
+        {"group_name": group_name},
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
     )
     return _parse(url, endpoint, AbortWeightsUpdateResponse, _ok(url, endpoint, body))
 
@@ -335,20 +447,26 @@ def abort_weights_update(
 # --- capability discovery (rlsync series) ------------------------------------
 
 
-def rlsync_info(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
+def rlsync_info(
+    url: str, *, timeout: float = 10.0, api_key: Optional[str] = None
+) -> dict[str, Any]:
     """`/rlsync_info`: {"series", "version", "pin", "features"}. EngineError
-    with a clear message when the server is not patched with rlsync."""
+    with a clear message when the server is not patched with rlsync. Open on
+    current servers; `api_key` is for servers of older series that keep it
+    behind `--api-key`."""
     endpoint = "/rlsync_info"
     try:
-        body = call(url, endpoint, method="GET", timeout=timeout)
+        body = call(url, endpoint, method="GET", timeout=timeout, api_key=api_key)
     except EngineError as e:
         if e.status == 404:
             raise EngineError(
-                e.url, endpoint, 404,
+                e.url,
+                endpoint,
+                404,
                 "this SGLang server is not patched with rlsync (it has no "
                 "/rlsync_info): install the sglang==0.5.10+rlsync.N wheel or "
                 "`rlsync apply` the series to its checkout",
-            ) from e  # fmt: skip
+            ) from e
         raise
     if not isinstance(body, dict) or "features" not in body:
         raise EngineError(url, endpoint, 200, f"no features in {body!r}")
@@ -356,17 +474,23 @@ def rlsync_info(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
 
 
 def require_features(
-    url: str, features: Sequence[str], *, timeout: float = 10.0
+    url: str,
+    features: Sequence[str],
+    *,
+    timeout: float = 10.0,
+    api_key: Optional[str] = None,
 ) -> dict:
     """Fail early, naming what is missing, unless the server has `features`."""
-    info = rlsync_info(url, timeout=timeout)
+    info = rlsync_info(url, timeout=timeout, api_key=api_key)
     missing = [f for f in features if f not in info["features"]]
     if missing:
         raise EngineError(
-            url.rstrip("/"), "/rlsync_info", 200,
+            url.rstrip("/"),
+            "/rlsync_info",
+            200,
             f"server runs rlsync series {info.get('version')} without "
             f"{', '.join(missing)}; upgrade its rlsync series",
-        )  # fmt: skip
+        )
     return info
 
 
@@ -374,7 +498,11 @@ def require_features(
 
 
 def weights_checksum(
-    url: str, *, timeout: float = 300.0, admin_key: Optional[str] = None
+    url: str,
+    *,
+    timeout: float = 300.0,
+    admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
 ) -> dict[str, Any]:
     """`/weights_checker` action "checksum": {"checksum", "num_tensors",
     "num_bytes", "rank_results": [{"rank", "checksum", ...}]}. SHA256 over
@@ -382,7 +510,12 @@ def weights_checksum(
     waits while it runs. Comparable across servers of the same TP size."""
     endpoint = "/weights_checker"
     body = call(
-        url, endpoint, {"action": "checksum"}, timeout=timeout, admin_key=admin_key
+        url,
+        endpoint,
+        {"action": "checksum"},
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
     )
     body = _ok(url, endpoint, body)
     if "checksum" not in body or not body.get("rank_results"):

@@ -2,13 +2,22 @@
 
 SGLang's engines join with `init_custom_process_group`: a TCP rendezvous, a
 store prefixed with the group name, and a new (non-default) process group.
-The trainer must join the same way, as rank 0.
+The trainer must join the same way, as rank 0, hosting the rendezvous store.
+
+`GroupJoin` runs that join in a thread, so the trainer can watch the engines
+meanwhile, and tears it down when one of them refuses: a join left blocked
+inside the rendezvous would otherwise outlive the failure and abort the
+process at exit when it finally returns.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import inspect
+import logging
+import threading
 from datetime import timedelta
+from typing import Optional
 
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import (
@@ -16,8 +25,9 @@ from torch.distributed.distributed_c10d import (
     PrefixStore,
     _new_process_group_helper,
     _world,
-    rendezvous,
 )
+
+logger = logging.getLogger(__name__)
 
 # Renamed from pg_options in torch 2.6.
 _OPTIONS_ARG = (
@@ -25,30 +35,50 @@ _OPTIONS_ARG = (
     if "backend_options" in inspect.signature(_new_process_group_helper).parameters
     else "pg_options"
 )
+# How long a client that releases an abandoned rendezvous may take to connect.
+_RELEASE_TIMEOUT = timedelta(seconds=10)
 
 
-def join_update_group(
-    master_address: str,
-    master_port: int,
-    world_size: int,
-    *,
-    rank: int = 0,
-    group_name: str = "weight_update_group",
-    backend: str = "gloo",
-    timeout: float = 300.0,
-) -> dist.ProcessGroup:
-    """Join (as `rank`, the trainer is 0) the group the engines join."""
+def _check_join_args(
+    master_address: str, master_port: int, world_size: int, rank: int, group_name: str
+) -> None:
     assert master_address, "master_address cannot be empty"
     assert 0 < master_port < 65536, f"master_port out of range: {master_port}"
     assert world_size >= 2, f"world_size must be >= 2, got {world_size}"
     assert 0 <= rank < world_size, f"rank {rank} not in [0, {world_size})"
     assert group_name, "group_name cannot be empty"
-    td = timedelta(seconds=timeout)
-    init_method = f"tcp://{master_address}:{master_port}"
-    store, rank, world_size = next(
-        rendezvous(init_method, rank, world_size, timeout=td)
+
+
+def rendezvous_store(
+    master_address: str, master_port: int, world_size: int, rank: int, timeout: float
+) -> dist.TCPStore:
+    """The TCP store of the engines' `tcp://` rendezvous: rank 0 hosts it and
+    returns once every rank has connected; other ranks connect to it. Rank 0
+    always hosts, also under torchrun, whose agent store the engines never
+    use."""
+    store = dist.TCPStore(
+        master_address,
+        master_port,
+        world_size,
+        rank == 0,
+        timedelta(seconds=timeout),
+        multi_tenant=True,
     )
-    store.set_timeout(td)
+    store.set_timeout(timedelta(seconds=timeout))
+    return store
+
+
+def new_update_group(
+    store: dist.Store,
+    world_size: int,
+    rank: int,
+    *,
+    group_name: str,
+    backend: str,
+    timeout: float,
+) -> dist.ProcessGroup:
+    """The process group over a rendezvous store, named as the engines name it."""
+    td = timedelta(seconds=timeout)
     pg, _ = _new_process_group_helper(
         world_size,
         rank,
@@ -63,5 +93,141 @@ def join_update_group(
     return pg
 
 
+def join_update_group(
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    *,
+    rank: int = 0,
+    group_name: str = "weight_update_group",
+    backend: str = "gloo",
+    timeout: float = 300.0,
+) -> dist.ProcessGroup:
+    """Join (as `rank`, the trainer is 0) the group the engines join."""
+    _check_join_args(master_address, master_port, world_size, rank, group_name)
+    store = rendezvous_store(master_address, master_port, world_size, rank, timeout)
+    return new_update_group(
+        store, world_size, rank, group_name=group_name, backend=backend, timeout=timeout
+    )
+
+
 def leave_update_group(group: dist.ProcessGroup) -> None:
     dist.destroy_process_group(group)
+
+
+class JoinCancelled(RuntimeError):
+    """The join was torn down before the group formed."""
+
+
+class GroupJoin:
+    """`join_update_group` as rank 0 in a thread of its own, which `cancel()`
+    tears down: a rendezvous still waiting for ranks that will never come is
+    released, no group is created after it, and a group that formed anyway
+    is left. The thread is not a daemon, so the interpreter never finalises
+    while it still runs torch code."""
+
+    def __init__(
+        self,
+        master_address: str,
+        master_port: int,
+        world_size: int,
+        *,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+        timeout: float = 300.0,
+    ):
+        _check_join_args(master_address, master_port, world_size, 0, group_name)
+        self.master_address, self.master_port = master_address, master_port
+        self.world_size, self.group_name = world_size, group_name
+        self.backend, self.timeout = backend, timeout
+        # Set when the join ends: the group, or why there is none.
+        self.future: cf.Future = cf.Future()
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._in_rendezvous = False
+        self._store: Optional[dist.TCPStore] = None
+        self._thread = threading.Thread(target=self._run, name="rlsync-join")
+
+    def start(self) -> "GroupJoin":
+        self._thread.start()
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def result(self) -> dist.ProcessGroup:
+        """The group, once `future` is done; the join's exception otherwise."""
+        assert self.future.done(), "the join has not finished"
+        return self.future.result()
+
+    def _enter(self, stage: str) -> None:
+        with self._lock:
+            if self._cancelled:
+                raise JoinCancelled(f"cancelled before {stage}")
+            self._in_rendezvous = stage == "the rendezvous"
+
+    def _run(self) -> None:
+        try:
+            self._enter("the rendezvous")
+            store = rendezvous_store(
+                self.master_address, self.master_port, self.world_size, 0, self.timeout
+            )
+            self._store = store  # kept until cancel() is done releasing it
+            self._enter("the process group")
+            group = new_update_group(
+                store,
+                self.world_size,
+                0,
+                group_name=self.group_name,
+                backend=self.backend,
+                timeout=self.timeout,
+            )
+            with self._lock:
+                if self._cancelled:
+                    leave_update_group(group)
+                    raise JoinCancelled("cancelled while the process group formed")
+                self._in_rendezvous = False
+            self.future.set_result(group)
+        except BaseException as e:  # reported by result()
+            with self._lock:
+                self._in_rendezvous = False
+            # Without its traceback: the frames would keep the rendezvous
+            # store, and so its port, alive as long as the exception lives.
+            self.future.set_exception(e.with_traceback(None))
+
+    def _release_rendezvous(self) -> None:
+        """The rendezvous host waits until `world_size` ranks have connected;
+        connecting the ranks that never came lets it return."""
+        for _ in range(self.world_size - 1):
+            try:
+                dist.TCPStore(
+                    self.master_address,
+                    self.master_port,
+                    self.world_size,
+                    False,
+                    _RELEASE_TIMEOUT,
+                )
+            except Exception as e:  # the store is already gone: nothing waits
+                logger.debug("rlsync: releasing the rendezvous: %s", e)
+                return
+
+    def cancel(self, grace: float = 10.0) -> bool:
+        """Tear the join down and wait up to `grace` seconds for its thread.
+        True when the thread has ended."""
+        with self._lock:
+            self._cancelled = True
+            release = self._in_rendezvous
+        if release:
+            self._release_rendezvous()
+        self._thread.join(grace)
+        self._store = None  # the rendezvous server stops with its last reference
+        if self._thread.is_alive():
+            logger.warning(
+                "rlsync: the trainer's join of group %r is still creating its "
+                "process group after %.0f s; it ends within its timeout (%.0f s)",
+                self.group_name,
+                grace,
+                self.timeout,
+            )
+        return not self._thread.is_alive()

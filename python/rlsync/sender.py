@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import logging
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Optional, Union
@@ -22,7 +21,7 @@ import torch.distributed as dist
 
 from rlsync import client
 from rlsync.digest import digest_tensors
-from rlsync.group import join_update_group, leave_update_group
+from rlsync.group import GroupJoin, leave_update_group
 from rlsync.planner import Bucket, plan_buckets
 
 logger = logging.getLogger(__name__)
@@ -71,9 +70,19 @@ def progress_bar(desc: str = "rlsync sync") -> Progress:
 
 @dataclass(frozen=True)
 class Engine:
+    """One engine. `admin_key` goes to its admin routes; `api_key` (its
+    `--api-key`) to its ordinary routes, and to its admin routes when it has
+    no admin key. Neither is shown by repr()."""
+
     url: str
     tp_size: int = 1
-    admin_key: Optional[str] = None
+    admin_key: Optional[str] = field(default=None, repr=False)
+    api_key: Optional[str] = field(default=None, repr=False)
+
+    @property
+    def keys(self) -> dict[str, Optional[str]]:
+        """The keyword arguments of an admin call in `rlsync.client`."""
+        return {"admin_key": self.admin_key, "api_key": self.api_key}
 
 
 @dataclass
@@ -178,12 +187,8 @@ def broadcast_buckets(
 
 
 REQUIRED_FEATURES = ("two_phase_weight_update",)
-
-
-def _leave_when_joined(join: cf.Future) -> None:
-    """A join abandoned after an engine refused: drop the group if it forms."""
-    if not join.cancelled() and join.exception() is None:
-        leave_update_group(join.result())
+# Seconds connect() waits for the trainer's torn-down join before it raises.
+JOIN_GRACE = 10.0
 
 
 class WeightSender:
@@ -225,61 +230,39 @@ class WeightSender:
 
     def connect(self) -> None:
         """Every engine joins the group (rank offsets in list order), then us.
-        Fails first, naming the engine, if one lacks the two-phase update."""
+        Fails first, naming the engine, if one lacks the two-phase update; an
+        engine that refuses the group fails it at once, and the trainer's own
+        join is torn down before the SyncError is raised."""
         for engine, res in self._each(
-            lambda e: client.require_features(e.url, REQUIRED_FEATURES)
+            lambda e: client.require_features(
+                e.url, REQUIRED_FEATURES, api_key=e.api_key
+            )
         ):
             if isinstance(res, Exception):
                 raise SyncError("connect", str(res))
-        offsets, offset = {}, 1
-        for e in self.engines:
-            offsets[e.url], offset = offset, offset + e.tp_size
-        futures = [
-            self._pool.submit(
-                client.init_weights_update_group,
-                e.url,
-                master_address=self.master_address,
-                master_port=self.master_port,
-                rank_offset=offsets[e.url],
-                world_size=self.world_size,
-                group_name=self.group_name,
-                backend=self.backend,
-                timeout=self.timeout,
-                admin_key=e.admin_key,
-            )  # fmt: skip
-            for e in self.engines
-        ]
-        join: cf.Future = cf.Future()
-
-        def run_join() -> None:  # a daemon: an abandoned join never holds exit
-            try:
-                join.set_result(join_update_group(
-                    self.master_address, self.master_port, self.world_size,
-                    group_name=self.group_name, backend=self.backend, timeout=self.timeout,
-                ))  # fmt: skip
-            except BaseException as e:
-                join.set_exception(e)
-
-        threading.Thread(target=run_join, name="rlsync-join", daemon=True).start()
-        # An engine that refuses the group (bad key, bad arguments) never
-        # joins: fail now, naming it, instead of waiting out the rendezvous.
-        pending = set(futures) | {join}
-        while join in pending:
-            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
-            refused = [
-                f"{e.url}: {f.exception()}"
-                for e, f in zip(self.engines, futures)
-                if f in done and f.exception() is not None
-            ]
-            if refused:
-                join.add_done_callback(_leave_when_joined)
-                raise SyncError("connect", "; ".join(refused))
+        futures = self._init_engines()
+        join = GroupJoin(
+            self.master_address,
+            self.master_port,
+            self.world_size,
+            group_name=self.group_name,
+            backend=self.backend,
+            timeout=self.timeout,
+        ).start()
+        try:
+            refused = self._wait_for_join(join, futures)
+        except BaseException:
+            join.cancel(JOIN_GRACE)
+            raise
+        if refused:
+            join.cancel(JOIN_GRACE)
+            raise SyncError("connect", "; ".join(refused))
         try:
             self.group = join.result()
         except Exception as e:
             raise SyncError("connect", f"trainer could not join the group: {e}") from e
         failed = []
-        for engine, fut in zip(self.engines, futures):
+        for engine, fut in futures:
             try:
                 fut.result()
             except Exception as e:
@@ -289,11 +272,51 @@ class WeightSender:
             self.group = None
             raise SyncError("connect", "; ".join(failed))
 
+    def _init_engines(self) -> list[tuple[Engine, cf.Future]]:
+        """`init_weights_update_group` on every engine at once, each at its
+        rank offset (engines in list order after the trainer's rank 0)."""
+        futures, offset = [], 1
+        for e in self.engines:
+            future = self._pool.submit(
+                client.init_weights_update_group,
+                e.url,
+                master_address=self.master_address,
+                master_port=self.master_port,
+                rank_offset=offset,
+                world_size=self.world_size,
+                group_name=self.group_name,
+                backend=self.backend,
+                timeout=self.timeout,
+                **e.keys,
+            )
+            futures.append((e, future))
+            offset += e.tp_size
+        return futures
+
+    @staticmethod
+    def _wait_for_join(
+        join: GroupJoin, futures: list[tuple[Engine, cf.Future]]
+    ) -> list[str]:
+        """Wait until the trainer's join ends or an engine refuses the group
+        (a bad key, bad arguments: it never joins, so fail now, naming it,
+        instead of waiting out the rendezvous). The refusals, if any."""
+        pending = {f for _, f in futures} | {join.future}
+        while not join.future.done():
+            done, pending = cf.wait(pending, return_when=cf.FIRST_COMPLETED)
+            refused = [
+                f"{e.url}: {f.exception()}"
+                for e, f in futures
+                if f in done and f.exception() is not None
+            ]
+            if refused:
+                return refused
+        return []
+
     def _abort_all(self, engines=None) -> list[str]:
         notes = []
         for engine, res in self._each(
             lambda e: client.abort_weights_update(
-                e.url, group_name=self.group_name, admin_key=e.admin_key
+                e.url, group_name=self.group_name, **e.keys
             ),
             engines,
         ):
@@ -326,9 +349,13 @@ class WeightSender:
 
         prepared = self._each(
             lambda e: client.prepare_weights_update(
-                e.url, meta, group_name=self.group_name, load_format="flattened_bucket",
-                weight_version=weight_version, admin_key=e.admin_key,
-            )  # fmt: skip
+                e.url,
+                meta,
+                group_name=self.group_name,
+                load_format="flattened_bucket",
+                weight_version=weight_version,
+                **e.keys,
+            )
         )
         calls += len(self.engines)
         failed = [(e, r) for e, r in prepared if isinstance(r, Exception)]
@@ -345,9 +372,10 @@ class WeightSender:
         except BaseException as exc:
             notes = self._abort_all()
             raise SyncError(
-                "broadcast", f"{type(exc).__name__}: {exc}; every engine aborted "
+                "broadcast",
+                f"{type(exc).__name__}: {exc}; every engine aborted "
                 f"({'; '.join(notes) or 'groups usable'})",
-            ) from exc  # fmt: skip
+            ) from exc
 
         outcomes: dict[str, EngineOutcome] = {}
         if atomic:
@@ -356,7 +384,7 @@ class WeightSender:
                     e.url,
                     group_name=self.group_name,
                     apply=False,
-                    admin_key=e.admin_key,
+                    **e.keys,
                 )
             )
             calls += len(self.engines)
@@ -366,14 +394,17 @@ class WeightSender:
                     [e for e, r in verified if not isinstance(r, Exception)]
                 )
                 raise SyncError(
-                    "verify", "; ".join(f"{e.url}: {r}" for e, r in bad)
+                    "verify",
+                    "; ".join(f"{e.url}: {r}" for e, r in bad)
                     + f"; no engine applied (others aborted: {'; '.join(notes) or 'ok'})",
-                )  # fmt: skip
+                )
         done = self._each(
             lambda e: client.complete_weights_update(
-                e.url, group_name=self.group_name, weight_version=weight_version,
-                admin_key=e.admin_key,
-            )  # fmt: skip
+                e.url,
+                group_name=self.group_name,
+                weight_version=weight_version,
+                **e.keys,
+            )
         )
         calls += len(self.engines)
         for engine, res in done:
@@ -381,19 +412,31 @@ class WeightSender:
                 outcomes[engine.url] = EngineOutcome(engine.url, False, False, str(res))
             else:
                 outcomes[engine.url] = EngineOutcome(
-                    engine.url, True, res.applied, res.message,
+                    engine.url,
+                    True,
+                    res.applied,
+                    res.message,
                     weight_version,
-                )  # fmt: skip
+                )
         result = SyncResult(
-            bytes=total, buckets=len(buckets), seconds=time.perf_counter() - t0,
-            http_calls=calls, weight_version=weight_version,
+            bytes=total,
+            buckets=len(buckets),
+            seconds=time.perf_counter() - t0,
+            http_calls=calls,
+            weight_version=weight_version,
             engines=[outcomes[e.url] for e in self.engines],
-        )  # fmt: skip
+        )
         logger.info(
             "rlsync sync: %d bytes, %d buckets, %d HTTP calls, %.3f s, %.2f GB/s, "
-            "applied on %d/%d engines", total, len(buckets), calls, result.seconds,
-            result.gbps, sum(e.applied for e in result.engines), len(self.engines),
-        )  # fmt: skip
+            "applied on %d/%d engines",
+            total,
+            len(buckets),
+            calls,
+            result.seconds,
+            result.gbps,
+            sum(e.applied for e in result.engines),
+            len(self.engines),
+        )
         return result
 
     def _broadcast(self, buckets: list[Bucket], report: Optional[Progress]) -> None:
@@ -402,7 +445,7 @@ class WeightSender:
     def close(self) -> None:
         for engine, _ in self._each(
             lambda e: client.destroy_weights_update_group(
-                e.url, group_name=self.group_name, admin_key=e.admin_key
+                e.url, group_name=self.group_name, **e.keys
             )
         ):
             pass
