@@ -1,4 +1,4 @@
-"""Typed protocol messages (seed 000's types) and the sender's helpers."""
+"""Typed protocol messages (the two-phase wire types) and the sender's helpers."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Typed messages of the two-phase protocol (seed 000's types, plus the
+"""Typed messages of the two-phase protocol (its wire types, plus the
 extensions the rlsync series accepts).
 
 Requests serialise with `to_json()`; answers parse with `from_json()`, which
-checks the fields seed 000 requires and keeps any extra field the server adds
-in `extra` instead of failing on it.
+checks the fields the protocol requires and keeps any extra field the server
+adds in `extra` instead of failing on it.
 """
 
 from __future__ import annotations

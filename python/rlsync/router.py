@@ -1,5 +1,5 @@
-"""`rlsync router`: one URL in front of several SGLang workers (seed 001's
-router behaviour, applied to SGLang 0.5.10 and the rlsync series).
+"""`rlsync router`: one URL in front of several SGLang workers (an admin
+router for SGLang 0.5.10 with the rlsync series).
 
 - Generation (`/generate`, `/v1/completions`, `/v1/chat/completions`, streamed
   or not) goes to a routable worker: alive, enabled, not inside an update or
