@@ -1,26 +1,120 @@
 """Sender and receiver agree on bucket digests; the digest catches what it
-must; the planner keeps its promises; the receive module imports only torch."""
+must; the planner keeps its promises; the receive module imports only torch.
+(tests/test_digest_strength.py proves the digest's guarantees in detail.)"""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import subprocess
 import sys
+from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
-
+from rlsync import digest as trainer_digest
 from rlsync.digest import digest_bytes, digest_tensors
 from rlsync.planner import bucket_budget, plan_buckets
-from sglang.srt.weight_sync.staged_receiver import bucket_digest
+
+ROOT = Path(__file__).resolve().parents[1]
+RECEIVER = "python/sglang/srt/weight_sync/staged_receiver.py"
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 4096, 1_000_003])
+def load_receiver_source() -> ModuleType:
+    """The server's staged_receiver (it imports only torch) from source: the
+    developer worktree's copy where there is one, else the overlay's."""
+    path = ROOT / "build" / "work" / RECEIVER
+    if not path.is_file():
+        path = ROOT / "overlay" / RECEIVER
+    spec = importlib.util.spec_from_file_location("staged_receiver_source", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+server = load_receiver_source()
+bucket_digest = server.bucket_digest
+
+
+@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 255, 256, 257, 4096, 1_000_003])
 def test_trainer_and_server_digests_agree(n):
     data = torch.randint(
         0, 256, (n,), dtype=torch.uint8, generator=torch.Generator().manual_seed(n)
     )
     assert digest_bytes(data) == bucket_digest(data)
+    assert digest_bytes(data).startswith(f"{server.DIGEST_ALGORITHM}:")
+
+
+SHARED = (
+    "PSUM_PRIME",
+    "MAX_DIGEST_BYTES",
+    "_PSUM_COLS",
+    "_PSUM_BLOCK_ROWS",
+    "PsumPiece",
+    "_psum_rows_cols",
+    "_psum_pieces",
+    "psum_totals",
+    "_psum_format",
+)
+
+
+def _definitions(path: Path) -> dict[str, str]:
+    source = path.read_text()
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+        elif isinstance(node, ast.FunctionDef):
+            name = node.name
+        else:
+            continue
+        found[name] = ast.get_source_segment(source, node)
+    return found
+
+
+def test_server_shares_the_digest_code_verbatim():
+    """One algorithm, two copies: the trainer's and the server's are the
+    same text, so they cannot drift apart."""
+    trainer = _definitions(Path(trainer_digest.__file__))
+    receiver = _definitions(Path(server.__file__))
+    for name in SHARED:
+        assert name in trainer and name in receiver, name
+        assert trainer[name] == receiver[name], name
+    assert trainer_digest.DIGEST_ALGORITHM == server.DIGEST_ALGORITHM == "psum61"
+
+
+def test_server_accepts_its_digests_and_rejects_others_naming_the_field():
+    data = torch.arange(1000, dtype=torch.int32).view(torch.uint8)
+    server.check_digest_format(digest_bytes(data), "buckets[0].digest", 4000)
+    expected = "buckets[3].digest: expected 'psum61:<s1>:<s2>' with s1 and s2"
+    old = "wsum64:" + "0" * 15 + "1:" + "f" * 16  # the previous algorithm
+    cases = {
+        old: "digest algorithm 'wsum64' is not accepted by this server",
+        "md5:abc": "digest algorithm 'md5' is not accepted",
+        "psum61:" + "0" * 16: "",
+        "psum61:" + "A" * 16 + ":" + "0" * 16: "",  # uppercase
+        "psum61:" + "0" * 16 + ":" + "1" + "f" * 15: "",  # 2**61 - 1 = p
+        "psum61:" + "0" * 17 + ":" + "0" * 16: "",
+        "psum61:" + "0" * 16 + ":" + "0" * 16 + "\n": "",
+    }
+    for digest, hint in cases.items():
+        with pytest.raises(server.WeightsUpdateError) as err:
+            server.check_digest_format(digest, "buckets[3].digest")
+        assert str(err.value).startswith(expected), str(err.value)
+        assert hint in str(err.value) and err.value.status_code == 400
+    for bad in (None, 7, b"psum61:", ["psum61"]):
+        with pytest.raises(server.WeightsUpdateError, match="expected 'psum61:"):
+            server.check_digest_format(bad, "buckets[0].digest")
+    # the largest value below p is well-formed
+    top = f"{server.PSUM_PRIME - 1:016x}"
+    server.check_digest_format(f"psum61:{top}:{top}", "buckets[0].digest")
+    with pytest.raises(server.WeightsUpdateError, match="below 274877906944 bytes"):
+        server.check_digest_format(
+            f"psum61:{top}:{top}", "buckets[0].digest", server.MAX_DIGEST_BYTES
+        )
 
 
 def test_digest_catches_every_single_flipped_byte_position_sampled():
@@ -40,9 +134,11 @@ def test_digest_catches_swapped_words_and_swapped_buckets():
     a = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=gen)
     b = torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=gen)
     assert digest_bytes(a) != digest_bytes(b)
-    swapped = a.clone()
-    swapped[:8], swapped[8:16] = a[8:16].clone(), a[:8].clone()
-    assert digest_bytes(swapped) != digest_bytes(a)
+    for width in (4, 8):  # 32-bit words, and 64-bit ones (two words each)
+        swapped = a.clone()
+        swapped[:width] = a[width : 2 * width]
+        swapped[width : 2 * width] = a[:width]
+        assert digest_bytes(swapped) != digest_bytes(a)
 
 
 def test_digest_of_tensors_is_the_flattened_layout():
@@ -57,8 +153,9 @@ def test_digest_of_tensors_is_the_flattened_layout():
 
 @pytest.mark.parametrize("seed", range(10))
 def test_digest_of_tensors_without_packing_equals_packed(seed):
-    """Word-aligned tensors are summed in place; a tensor ending mid-word
-    (anywhere but last) falls back to packing. Both give the packed digest."""
+    """Tensors whose bytes are whole words are summed in place; a tensor
+    ending mid-word (anywhere but last) falls back to packing. Both give the
+    packed digest."""
     gen = torch.Generator().manual_seed(seed)
     dtypes = [torch.bfloat16, torch.float32, torch.int64, torch.uint8]
     ts = []
@@ -69,6 +166,18 @@ def test_digest_of_tensors_without_packing_equals_packed(seed):
     ts.append(torch.randn(2, 3).t())  # non-contiguous
     flat = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in ts])
     assert digest_tensors(ts) == bucket_digest(flat), [t.dtype for t in ts]
+
+
+def test_digest_of_views_into_one_flat_buffer_at_any_alignment():
+    """Parameters as views of one flat buffer (bf16 at odd element offsets
+    too), several levels of partial sums deep: the same as packed."""
+    flat = torch.randn(700_001).to(torch.bfloat16)
+    cuts = [0, 3, 4099, 4100, 300_001, 300_002, 700_001]
+    views = [flat[a:b] for a, b in zip(cuts, cuts[1:])]
+    assert digest_tensors(views) == bucket_digest(flat.view(torch.uint8))
+    raw = flat.view(torch.uint8)
+    for start in (1, 2, 3, 6):  # bytes that start off a 4-byte boundary
+        assert bucket_digest(raw[start:]) == digest_bytes(raw[start:].clone())
 
 
 def named(sizes):
