@@ -29,7 +29,6 @@ Embed it in the training process:
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import logging
 import os
@@ -42,6 +41,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from rlsync.client import bearer_ok, check_key
 from rlsync.sender import Engine, SyncError, Weights, WeightSender
 
 logger = logging.getLogger(__name__)
@@ -123,29 +123,13 @@ def _port(body: Any) -> int:
     return _field(body, "port", int, check=lambda p: 0 < p < 65536)
 
 
-def check_key(key: str, what: str = "api_key") -> bytes:
+def _api_key_bytes(key: str, what: str) -> bytes:
     """The key as bytes; ValueError (naming `what`, never the key) unless it
     is at least MIN_KEY_LENGTH visible ASCII characters."""
-    if not isinstance(key, str) or not key.isascii() or not key.isprintable():
-        raise ValueError(f"{what}: a key must be visible ASCII characters")
-    if any(c.isspace() for c in key) or len(key) < MIN_KEY_LENGTH:
-        raise ValueError(
-            f"{what}: a key must be at least {MIN_KEY_LENGTH} characters, no spaces"
-        )
-    return key.encode("ascii")
-
-
-def bearer_ok(headers: Iterable[tuple[bytes, bytes]], key: bytes) -> bool:
-    """True when exactly one Authorization header carries `Bearer <key>`.
-    Works on the raw header bytes, so any byte a caller sends is a no, never
-    an error; compared in constant time."""
-    values = [v for k, v in headers if k.lower() == b"authorization"]
-    if len(values) != 1:
-        return False
-    scheme, _, token = values[0].strip().partition(b" ")
-    if scheme.lower() != b"bearer":
-        return False
-    return hmac.compare_digest(token.strip(), key)
+    raw = check_key(what, key)
+    if len(raw) < MIN_KEY_LENGTH:
+        raise ValueError(f"{what}: a key must be at least {MIN_KEY_LENGTH} characters")
+    return raw
 
 
 class RequireKey:
@@ -195,7 +179,7 @@ def _resolve_key(api_key: Optional[str]) -> bytes:
             "a registered engine receives the engines' admin key, so an open "
             "trainer API would hand it to anyone who can reach it"
         )
-    return check_key(key, "api_key" if api_key is not None else API_KEY_ENV)
+    return _api_key_bytes(key, "api_key" if api_key is not None else API_KEY_ENV)
 
 
 def create_trainer_app(
