@@ -2,10 +2,16 @@
 sync through it reaches every worker while generation keeps flowing and never
 lands on a worker mid-apply; the admin lock answers 503 past its bound; a
 failed group init disables a worker until re-enabled; a worker killed
-mid-broadcast is marked dead and reported."""
+mid-broadcast is marked dead and reported; keys reach the workers, and what
+the router cannot read from them is logged; a hostile caller's headers and
+bodies are 4xx answers naming what is wrong, never a 5xx."""
 
 from __future__ import annotations
 
+import functools
+import http.server
+import logging
+import os
 import subprocess
 import sys
 import threading
@@ -14,19 +20,33 @@ from pathlib import Path
 
 import pytest
 import requests
+from fastapi.testclient import TestClient
 
 from harness.cpu_sglang import free_port
 from harness.weights import greedy, randomized
 from rlsync import client
+from rlsync.router import (
+    GENERATION_ROUTES,
+    LOCKED_ROUTES,
+    OTHER_ADMIN_ROUTES,
+    RouterConfig,
+    create_app,
+)
 from rlsync.sender import Engine, SyncError, WeightSender
 
 ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "build" / "logs"
 
 
 class RouterProc:
     def __init__(self, workers: list[str], *args: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        LOGS.mkdir(parents=True, exist_ok=True)
+        self.log_path = LOGS / f"router-{self.port}.log"
+        log = open(self.log_path, "wb")
+        # The source tree's router, not a copy installed with the wheel.
+        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'python'}{os.pathsep}{ROOT}"}
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -41,9 +61,11 @@ class RouterProc:
                 *args,
             ],
             cwd=ROOT,
-            stdout=subprocess.PIPE,
+            env=env,
+            stdout=log,
             stderr=subprocess.STDOUT,
         )
+        log.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -53,6 +75,9 @@ class RouterProc:
                 time.sleep(0.1)
         self.stop()
         raise TimeoutError("router did not start")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
 
     def workers(self) -> dict:
         return {
@@ -332,9 +357,13 @@ def test_restarted_worker_waits_for_the_fleet_version(
 
 
 def test_router_admin_key_and_forwarded_authorization(start_server, router_factory):
-    key = "r0uter-adm1n"
-    worker = start_server(env={"SGLANG_ADMIN_API_KEY": key})
-    router = router_factory([worker.url], "--admin-api-key", key)
+    key, api_key = "r0uter-adm1n", "w0rker-api-key"
+    worker = start_server(
+        env={"SGLANG_ADMIN_API_KEY": key}, extra_args=["--api-key", api_key]
+    )
+    router = router_factory(
+        [worker.url], "--admin-api-key", key, "--worker-api-key", api_key
+    )
     checksum = {"action": "checksum"}
     assert (
         requests.post(
@@ -350,10 +379,238 @@ def test_router_admin_key_and_forwarded_authorization(start_server, router_facto
         == 401
     )
     assert requests.get(router.url + "/workers", timeout=30).status_code == 401
+    # Bytes no key can hold: a 401 through uvicorn, not a 500 and a traceback.
+    for raw in (b"Bearer \xff\xfe", "Bearer clé".encode()):
+        for method, path in (("POST", "/weights_checker"), ("GET", "/workers")):
+            resp = requests.request(
+                method,
+                router.url + path,
+                json=checksum,
+                timeout=30,
+                headers={"Authorization": raw},
+            )
+            assert resp.status_code == 401, (raw, path, resp.text)
+        resp = requests.post(
+            router.url + "/generate",
+            json={"text": "x"},
+            timeout=30,
+            headers={"Authorization": raw},
+        )
+        assert resp.status_code == 401, (raw, resp.text)
     right = {"Authorization": f"Bearer {key}"}
     resp = requests.post(
         router.url + "/weights_checker", json=checksum, headers=right, timeout=60
     )
     assert resp.status_code == 200, resp.text  # the worker saw the forwarded key
     assert resp.json()["checksum"].startswith("sha256:")
-    assert generate(router.url).status_code == 200, "generation needs no admin key"
+    for body in (b"{", b"[1]", b"\xff", b"NaN"):
+        resp = requests.post(
+            router.url + "/workers/enable", data=body, headers=right, timeout=30
+        )
+        assert resp.status_code == 400, (body, resp.text)
+        assert resp.json()["message"].startswith("body: "), resp.json()
+    # The router read the worker's TP size and weight version with its key.
+    described = requests.get(router.url + "/workers", headers=right, timeout=10)
+    (w,) = described.json()["workers"]
+    assert w["tp_size"] == 1 and w["weight_version"] == "default", w
+    events = requests.get(router.url + "/events", headers=right, timeout=10).json()
+    assert not [e for e in events if e["kind"] == "unreadable"], events
+    # The caller's API key goes with generation requests.
+    assert generate(router.url).status_code == 401, "the worker wants its API key"
+    resp = requests.post(
+        router.url + "/generate",
+        json={"text": "x", "sampling_params": {"max_new_tokens": 2}},
+        headers={"Authorization": f"Bearer {api_key}"},
+        timeout=120,
+    )
+    assert resp.status_code == 200, resp.text
+
+
+def test_router_without_the_workers_key_says_what_it_could_not_read(
+    start_server, router_factory
+):
+    """A worker under --api-key answers the router's reads with 401s: the
+    router says so, naming the worker and each field, in its log and events,
+    instead of silently using None."""
+    worker = start_server(extra_args=["--api-key", "w0rker-api-key"])
+    router = router_factory([worker.url], "--health-interval", "600")
+    events = router.events()
+    unread = {e["detail"].split(":")[0]: e for e in events if e["kind"] == "unreadable"}
+    assert set(unread) == {"tp_size", "weight_version"}, events
+    for field, e in unread.items():
+        assert e["worker"] == worker.url and "HTTP 401" in e["detail"], e
+    log = router.log()
+    for field, path in (("tp_size", "/server_info"), ("weight_version", "/model_info")):
+        assert (
+            f"worker {worker.url}: could not read {field} from {path}: HTTP 401" in log
+        )
+    # Its /rlsync_info says which worker failed instead of "not patched".
+    resp = requests.get(router.url + "/rlsync_info", timeout=30)
+    assert resp.status_code in (200, 502), resp.text
+    if resp.status_code == 502:
+        assert worker.url in resp.json()["error"] and "HTTP 401" in resp.json()["error"]
+
+
+# --- malformed input, in process (the router's code, no subprocess) ------------
+
+ADMIN_KEY = "r0uter-adm1n-key"
+RIGHT = {"Authorization": f"Bearer {ADMIN_KEY}"}
+ROUTER_GETS = ["/workers", "/events", "/rlsync_info", "/model_info"]
+ROUTER_POSTS = list(LOCKED_ROUTES + OTHER_ADMIN_ROUTES + GENERATION_ROUTES) + [
+    "/workers/enable",
+    "/workers/disable",
+]
+MALFORMED_AUTH = {
+    "latin-1 bytes": [("authorization", b"Bearer \xff\xfe")],
+    "utf-8 non-ascii": [("authorization", "Bearer clé-😀".encode())],
+    "control byte": [("authorization", b"Bearer r0uter-adm1n-key\x01")],
+    "two headers": [
+        ("authorization", b"Bearer x"),
+        ("authorization", RIGHT["Authorization"].encode()),
+    ],
+}
+
+
+@pytest.fixture
+def in_process(server_tp1):
+    """The router app with an admin key in front of the shared worker."""
+    config = RouterConfig(
+        [server_tp1.url], admin_api_key=ADMIN_KEY, health_interval=600
+    )
+    with TestClient(create_app(config)) as http:
+        yield http
+
+
+@pytest.mark.parametrize("variant", sorted(MALFORMED_AUTH))
+def test_malformed_authorization_is_a_401_on_every_route(in_process, variant):
+    headers = MALFORMED_AUTH[variant]
+    for path in ROUTER_POSTS:
+        resp = in_process.post(path, json={}, headers=headers)
+        assert resp.status_code == 401, (path, resp.status_code, resp.text)
+    for path in ROUTER_GETS:
+        resp = in_process.get(path, headers=headers)
+        assert resp.status_code == 401, (path, resp.status_code, resp.text)
+
+
+def test_malformed_authorization_without_a_router_key_is_a_401(server_tp1):
+    """No router key: the header is forwarded to the workers, so one no key
+    can match stops at the router instead of failing inside a worker."""
+    config = RouterConfig([server_tp1.url], health_interval=600)
+    with TestClient(create_app(config)) as http:
+        for variant, headers in MALFORMED_AUTH.items():
+            resp = http.post("/flush_cache", json={}, headers=headers)
+            assert resp.status_code == 401, (variant, resp.text)
+            resp = http.post("/generate", json={"text": "x"}, headers=headers)
+            assert resp.status_code == 401, (variant, resp.text)
+
+
+@pytest.mark.parametrize(
+    "path,body,field",
+    [
+        ("/workers/enable", b"{", "body: not JSON"),
+        ("/workers/enable", b"\xff\xfe", "body: not JSON"),
+        ("/workers/enable", b"[1, 2]", "body: expected a JSON object"),
+        ("/workers/enable", b"null", "body: expected a JSON object"),
+        ("/workers/enable", b'"url"', "body: expected a JSON object"),
+        ("/workers/enable", b'{"url": NaN}', "body: not JSON"),
+        ("/workers/enable", b"{}", "url: expected a worker URL"),
+        ("/workers/enable", b'{"url": 5}', "url: expected a worker URL"),
+        ("/workers/enable", b'{"url": ["http://x"]}', "url: expected a worker URL"),
+        ("/workers/enable", b'{"url": "http://nope:1"}', "url: no worker"),
+        ("/workers/disable", b'{"url": {"a": 1}}', "url: expected a worker URL"),
+        (
+            "/workers/disable",
+            b'{"url": "WORKER", "reason": 7}',
+            "reason: expected a string",
+        ),
+        ("/init_weights_update_group", b"{", "body: not JSON"),
+        (
+            "/init_weights_update_group",
+            b'{"rank_offset": "1", "world_size": 2}',
+            "rank_offset: expected an integer",
+        ),
+        (
+            "/init_weights_update_group",
+            b'{"rank_offset": true, "world_size": 2}',
+            "rank_offset: expected an integer",
+        ),
+        (
+            "/init_weights_update_group",
+            b'{"rank_offset": 0, "world_size": 2}',
+            "rank_offset: expected an integer",
+        ),
+        (
+            "/init_weights_update_group",
+            b'{"rank_offset": 1, "world_size": 2.5}',
+            "world_size: expected an integer",
+        ),
+        (
+            "/init_weights_update_group",
+            b'{"rank_offset": 1, "world_size": null}',
+            "world_size: expected an integer",
+        ),
+        (
+            "/init_weights_update_group",
+            b'{"rank_offset": 1, "world_size": 9}',
+            "world_size: 9 but",
+        ),
+        ("/prepare_weights_update", b"[]", "body: expected a JSON object"),
+        ("/complete_weights_update", b"Infinity", "body: not JSON"),
+        ("/pause_generation", b"\x00", "body: not JSON"),
+        ("/weights_checker", b"1", "body: expected a JSON object"),
+    ],
+)
+def test_bad_body_is_a_400_naming_the_field(in_process, server_tp1, path, body, field):
+    body = body.replace(b"WORKER", server_tp1.url.encode())
+    resp = in_process.post(path, content=body, headers=RIGHT)
+    assert resp.status_code == 400, (resp.status_code, resp.text)
+    assert resp.json()["message"].startswith(field), resp.json()
+    state = in_process.get("/workers", headers=RIGHT).json()
+    assert state["admin_lock"] is None
+    assert not state["workers"][0]["disabled"], "a refused call changed nothing"
+
+
+@pytest.mark.parametrize("since", ["abc", "nan", "inf", "-inf", "1e999", ""])
+def test_events_since_must_be_a_number(in_process, since):
+    resp = in_process.get("/events", params={"since": since}, headers=RIGHT)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["message"].startswith("since: "), resp.json()
+
+
+@pytest.fixture
+def foreign_service():
+    """An HTTP service that is not SGLang (a worker URL that points elsewhere):
+    every path is a 404 page in HTML."""
+    handler = functools.partial(
+        http.server.SimpleHTTPRequestHandler, directory="/nonexistent"
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    thread.join(10)
+
+
+def test_worker_that_is_not_sglang_is_named_not_marked_dead(foreign_service, caplog):
+    caplog.set_level(logging.WARNING, logger="rlsync.router")
+    config = RouterConfig([foreign_service], health_interval=600)
+    with TestClient(create_app(config)) as http_client:
+        (state,) = http_client.get("/workers").json()["workers"]
+        assert not state["dead"], state
+        for field, path in (
+            ("tp_size", "/server_info"),
+            ("weight_version", "/model_info"),
+        ):
+            line = f"worker {foreign_service}: could not read {field} from {path}: HTTP 404"
+            assert line in caplog.text, caplog.text
+        resp = http_client.get("/rlsync_info")
+        assert resp.status_code == 404, resp.text
+        assert resp.json()["error"] == f"{foreign_service} is not patched with rlsync"
+
+
+def test_router_refuses_a_malformed_key():
+    for key in ("clé", "two words", "tab\tkey"):
+        with pytest.raises(ValueError, match="admin_api_key: a key must be") as err:
+            create_app(RouterConfig(["http://127.0.0.1:1"], admin_api_key=key))
+        assert key not in str(err.value)

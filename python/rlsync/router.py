@@ -17,7 +17,13 @@ router for SGLang 0.5.10 with the rlsync series).
 - A worker that stops answering is marked dead; one that comes back (or
   restarts) stays out of routing until it reports the fleet's weight version.
 - `--admin-api-key` (or SGLANG_ADMIN_API_KEY) protects admin routes with
-  `Authorization: Bearer <key>`; the header is forwarded to the workers.
+  `Authorization: Bearer <key>`; the header is forwarded to the workers. A
+  malformed Authorization header (not visible ASCII, or two of them) is a 401
+  on every route. `--worker-api-key` (or RLSYNC_WORKER_API_KEY) is the
+  workers' `--api-key`, for what the router reads itself (`/server_info`,
+  `/model_info`, `/rlsync_info`); a field it cannot read is logged, naming
+  the worker and the field.
+- Bad input is a 400 naming the field, never a 5xx.
 
 Built on FastAPI, httpx and uvicorn: `pip install 'rlsync[router]'`.
 """
@@ -28,8 +34,9 @@ import argparse
 import asyncio
 import collections
 import json
+import logging
+import math
 import os
-import secrets
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
@@ -38,7 +45,16 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from rlsync.client import error_message
+from rlsync.client import (
+    authorization,
+    bearer_headers,
+    bearer_ok,
+    check_key,
+    error_message,
+    visible_ascii,
+)
+
+logger = logging.getLogger(__name__)
 
 GENERATION_ROUTES = ("/generate", "/v1/completions", "/v1/chat/completions")
 # Broadcast behind the admin lock; the first group also leaves routing meanwhile.
@@ -90,6 +106,7 @@ class Worker:
 class RouterConfig:
     workers: list[str]
     admin_api_key: Optional[str] = None
+    worker_api_key: Optional[str] = None  # the workers' --api-key
     admin_wait: float = 30.0  # seconds a caller may wait for the admin lock
     route_wait: float = 60.0  # seconds a generation may wait for a worker
     request_timeout: float = 600.0
@@ -109,6 +126,13 @@ class Router:
         assert config.workers, "the router needs at least one worker"
         assert len(set(config.workers)) == len(config.workers), "duplicate worker URL"
         self.config = config
+        self.admin_key = (
+            check_key("admin_api_key", config.admin_api_key)
+            if config.admin_api_key
+            else None
+        )
+        self.worker_headers = bearer_headers(api_key=config.worker_api_key)
+        self._unread: set[tuple[str, str]] = set()  # (worker, field) warned about
         self.workers = [Worker(u.rstrip("/")) for u in config.workers]
         self.fleet_version: Optional[str] = None
         self.admin_lock = asyncio.Lock()
@@ -128,21 +152,72 @@ class Router:
         async with self.routable:
             self.routable.notify_all()
 
+    async def read_answer(self, w: Worker, path: str) -> dict:
+        """The worker's GET `path` answer (sent the workers' API key). Raises
+        httpx.HTTPError when the worker is unreachable and LookupError, saying
+        why, when it answers anything but a 200 with a JSON object."""
+        resp = await self.http.get(
+            w.url + path, headers=self.worker_headers, timeout=10
+        )
+        try:
+            body = resp.json()
+        except ValueError:
+            body = resp.text
+        if resp.status_code != 200:
+            raise LookupError(f"HTTP {resp.status_code}: {_message(body)}")
+        if not isinstance(body, dict):
+            raise LookupError("the answer is not a JSON object")
+        return body
+
+    async def read_field(self, w: Worker, path: str, field: str) -> Any:
+        """`field` of the worker's GET `path` answer; errors as read_answer."""
+        body = await self.read_answer(w, path)
+        if field not in body:
+            raise LookupError(f"no {field} in the answer")
+        self._unread.discard((w.url, field))
+        return body[field]
+
+    def unreadable(self, w: Worker, path: str, field: str, why: str, using: str):
+        """Say (once until it reads again) which field of which worker the
+        router could not read, and what it uses instead."""
+        if (w.url, field) in self._unread:
+            return
+        self._unread.add((w.url, field))
+        detail = f"could not read {field} from {path}: {why}; using {using}"
+        logger.warning("rlsync router: worker %s: %s", w.url, detail)
+        self.log("unreadable", w.url, f"{field}: {detail}")
+
+    async def read_tp_size(self, w: Worker) -> None:
+        """The worker's TP size (rank offsets need it); 1 when unreadable."""
+        try:
+            tp_size = await self.read_field(w, "/server_info", "tp_size")
+            if isinstance(tp_size, bool) or not isinstance(tp_size, int):
+                raise LookupError(f"tp_size is {tp_size!r}, not an integer")
+            if tp_size < 1:
+                raise LookupError(f"tp_size is {tp_size}")
+            w.tp_size = tp_size
+        except LookupError as e:
+            self.unreadable(w, "/server_info", "tp_size", str(e), f"{w.tp_size}")
+
+    async def _version(self, w: Worker) -> tuple[bool, Optional[str]]:
+        """(True, the worker's weight version) or (False, None), warned."""
+        try:
+            version = await self.read_field(w, "/model_info", "weight_version")
+        except LookupError as e:
+            self.unreadable(w, "/model_info", "weight_version", str(e), "None")
+            return False, None
+        return True, None if version is None else str(version)
+
     async def discover(self) -> None:
         """Each worker's TP size and weight version (rank offsets need them)."""
         for w in self.workers:
             try:
-                info = (await self.http.get(w.url + "/server_info", timeout=10)).json()
-                w.tp_size = int(info.get("tp_size", 1))
-                w.weight_version = await self._version(w)
-            except (httpx.HTTPError, ValueError) as e:
-                self._mark_dead(w, f"unreachable at start: {e}")
+                await self.read_tp_size(w)
+                _, w.weight_version = await self._version(w)
+            except httpx.HTTPError as e:
+                self._mark_dead(w, f"unreachable at start: {type(e).__name__}: {e}")
         versions = {w.weight_version for w in self.workers if not w.dead}
         self.fleet_version = versions.pop() if len(versions) == 1 else None
-
-    async def _version(self, w: Worker) -> Optional[str]:
-        resp = await self.http.get(w.url + "/model_info", timeout=10)
-        return resp.json().get("weight_version")
 
     def _mark_dead(self, w: Worker, why: str) -> None:
         if not w.dead:
@@ -169,11 +244,18 @@ class Router:
             if w.dead:  # back, maybe restarted: serve only at the fleet's version
                 w.dead, w.rejoining, w.reason = False, True, "rejoined"
                 self.log("alive", w.url)
+                try:
+                    await self.read_tp_size(w)  # it may have restarted otherwise
+                except httpx.HTTPError:
+                    continue
             if w.rejoining:
                 try:
-                    w.weight_version = await self._version(w)
-                except (httpx.HTTPError, ValueError):
+                    read, version = await self._version(w)
+                except httpx.HTTPError:
                     continue
+                if not read:
+                    continue
+                w.weight_version = version
                 if self.fleet_version is None or w.weight_version == self.fleet_version:
                     w.rejoining, w.reason = False, ""
                     self.log("rejoined", w.url, f"weight_version={w.weight_version}")
@@ -224,21 +306,39 @@ class Router:
 
     # --- admin -------------------------------------------------------------------
 
-    def check_admin(self, request: Request) -> Optional[Response]:
-        key = self.config.admin_api_key
-        if not key:
-            return None
-        got = request.headers.get("authorization", "")
-        scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token, key):
+    @staticmethod
+    def check_header(request: Request) -> Optional[Response]:
+        """401 for an Authorization header no key can match: not visible
+        ASCII (spaces aside), or more than one."""
+        values = authorization(request.headers.raw)
+        if len(values) > 1 or any(
+            not visible_ascii(v.replace(b" ", b"")) for v in values
+        ):
             return JSONResponse(
-                {"error": "admin route: missing or wrong admin key"}, 401
+                {"success": False, "error": "malformed Authorization header"}, 401
+            )
+        return None
+
+    def check_admin(self, request: Request) -> Optional[Response]:
+        denied = self.check_header(request)
+        if denied is not None or self.admin_key is None:
+            return denied
+        if not bearer_ok(request.headers.raw, self.admin_key):
+            return JSONResponse(
+                {"success": False, "error": "admin route: missing or wrong admin key"},
+                401,
             )
         return None
 
     async def broadcast(
-        self, path: str, body: Any, headers: dict[str, str]
+        self, path: str, body: dict, headers: dict[str, bytes]
     ) -> JSONResponse:
+        if path == "/init_weights_update_group":
+            try:  # checked before anything else, before the lock
+                _int_field(body, "rank_offset", 1)
+                _int_field(body, "world_size", 2)
+            except ValueError as e:
+                return _bad(str(e))
         if path in LOCKED_ROUTES:
             try:
                 await asyncio.wait_for(
@@ -263,14 +363,15 @@ class Router:
                 self.admin_lock.release()
 
     def _bodies(self, path: str, body: Any, targets: list[Worker]) -> list[Any]:
-        if path != "/init_weights_update_group" or not isinstance(body, dict):
+        if path != "/init_weights_update_group":
             return [body] * len(targets)
         # The group spans the trainer and the live workers, in worker order.
-        base = int(body.get("rank_offset", 1))
+        base = _int_field(body, "rank_offset", 1)
         want = base + sum(w.tp_size for w in targets)
-        if int(body.get("world_size", want)) != want:
+        world_size = _int_field(body, "world_size", want)
+        if world_size != want:
             raise ValueError(
-                f"world_size: {body.get('world_size')} but the trainer's {base} "
+                f"world_size: {world_size} but the trainer's {base} "
                 f"rank(s) and the live workers' TP sizes make {want}"
             )
         out, offset = [], base
@@ -280,7 +381,7 @@ class Router:
         return out
 
     async def _broadcast(
-        self, path: str, body: Any, headers: dict[str, str]
+        self, path: str, body: dict, headers: dict[str, bytes]
     ) -> JSONResponse:
         targets = [w for w in self.workers if not w.dead]
         if not targets:
@@ -295,7 +396,7 @@ class Router:
             )
         try:
             bodies = self._bodies(path, body, targets)
-        except (ValueError, TypeError) as e:
+        except ValueError as e:
             return JSONResponse({"success": False, "message": str(e)}, status_code=400)
         leaves_routing = path in UPDATE_ROUTES
         previous = {w.url: w.in_update for w in targets}
@@ -319,7 +420,7 @@ class Router:
         return self._merge(path, body, targets, answers)
 
     async def _one(
-        self, w: Worker, path: str, body: Any, headers: dict[str, str]
+        self, w: Worker, path: str, body: dict, headers: dict[str, bytes]
     ) -> dict:
         try:
             resp = await self.http.post(w.url + path, json=body, headers=headers)
@@ -366,15 +467,18 @@ class Router:
             if any(key in d for d in dicts):
                 merged[key] = ok and all(d.get(key, False) for d in dicts)
         if any("num_buckets_received" in d for d in dicts):
+            counts = [d.get("num_buckets_received") for d in dicts]
             merged["num_buckets_received"] = min(
-                d.get("num_buckets_received", 0) for d in dicts
+                c if isinstance(c, int) else 0 for c in counts
             )
         if any("rank_results" in d for d in dicts):
             merged["rank_results"] = [
                 {**r, "worker": a["url"]}
                 for a in answers
                 if isinstance(a.get("answer"), dict)
-                for r in a["answer"].get("rank_results", [])
+                and isinstance(a["answer"].get("rank_results"), list)
+                for r in a["answer"]["rank_results"]
+                if isinstance(r, dict)
             ]
         if "status" in merged:
             merged["status"] = "ready" if ok else "error"
@@ -406,14 +510,21 @@ class Router:
         for w in self.workers:
             if w.dead:
                 continue
-            resp = await self.http.get(w.url + "/rlsync_info", timeout=10)
-            if resp.status_code != 200:
-                return JSONResponse(
-                    {"error": f"{w.url} is not patched with rlsync"}, status_code=404
-                )
-            infos.append(resp.json())
+            try:
+                info = await self.read_answer(w, "/rlsync_info")
+            except httpx.HTTPError as e:
+                return _error(502, f"{w.url}: /rlsync_info: {type(e).__name__}: {e}")
+            except LookupError as e:
+                self.unreadable(w, "/rlsync_info", "features", str(e), "nothing")
+                if str(e).startswith("HTTP 404"):
+                    return _error(404, f"{w.url} is not patched with rlsync")
+                return _error(502, f"{w.url}: /rlsync_info: {e}")
+            if not isinstance(info.get("features"), list):
+                return _error(502, f"{w.url}: /rlsync_info: no list of features")
+            self._unread.discard((w.url, "features"))
+            infos.append(info)
         if not infos:
-            return JSONResponse({"error": "no live worker"}, status_code=503)
+            return _error(503, "no live worker")
         features = [
             f for f in infos[0]["features"] if all(f in i["features"] for i in infos)
         ]
@@ -435,6 +546,40 @@ def _message(answer: Any) -> str:
     return error_message(answer)[:500]
 
 
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"success": False, "error": message}, status_code=status)
+
+
+def _bad(message: str) -> JSONResponse:
+    return JSONResponse({"success": False, "message": message}, status_code=400)
+
+
+def _int_field(body: dict, name: str, default: int) -> int:
+    """An integer >= 1 of a request body; ValueError naming the field."""
+    value = body.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name}: expected an integer >= 1, got {value!r:.80}")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def read_json(request: Request) -> dict:
+    """The body as a JSON object ({} when empty); ValueError naming `body`."""
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw, parse_constant=_no_constant)
+    except ValueError as e:  # also bytes that are not UTF-8
+        raise ValueError(f"body: not JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise ValueError(f"body: expected a JSON object, got {type(body).__name__}")
+    return body
+
+
 def create_app(config: RouterConfig) -> FastAPI:
     router = Router(config)
     tasks: list[asyncio.Task] = []
@@ -450,22 +595,17 @@ def create_app(config: RouterConfig) -> FastAPI:
     app = FastAPI(lifespan=lifespan)
     app.state.router = router
 
-    def forwarded(request: Request) -> dict[str, str]:
-        auth = request.headers.get("authorization")
-        return {"Authorization": auth} if auth else {}
-
-    async def read_json(request: Request) -> Any:
-        raw = await request.body()
-        if not raw:
-            return {}
-        try:
-            return json.loads(raw)
-        except ValueError as e:
-            raise ValueError(f"body: not JSON: {e}") from e
+    def forwarded(request: Request) -> dict[str, bytes]:
+        """The caller's Authorization header, as the bytes that came."""
+        values = authorization(request.headers.raw)
+        return {"Authorization": values[0]} if values else {}
 
     for path in GENERATION_ROUTES:
 
         async def generate(request: Request, path: str = path) -> Response:
+            denied = router.check_header(request)
+            if denied is not None:
+                return denied
             body = await request.body()
             try:
                 w = await router.pick()
@@ -509,9 +649,7 @@ def create_app(config: RouterConfig) -> FastAPI:
             try:
                 body = await read_json(request)
             except ValueError as e:
-                return JSONResponse(
-                    {"success": False, "message": str(e)}, status_code=400
-                )
+                return _bad(str(e))
             return await router.broadcast(path, body, forwarded(request))
 
         app.add_api_route(path, admin, methods=["POST"])
@@ -522,43 +660,54 @@ def create_app(config: RouterConfig) -> FastAPI:
         return Response(status_code=200 if ok else 503)
 
     @app.get("/rlsync_info")
-    async def rlsync_info() -> Response:
-        return await router.rlsync_info()
+    async def rlsync_info(request: Request) -> Response:
+        return router.check_header(request) or await router.rlsync_info()
 
     @app.get("/model_info")
-    async def model_info() -> Response:
-        return JSONResponse({"weight_version": router.fleet_version})
+    async def model_info(request: Request) -> Response:
+        denied = router.check_header(request)
+        return denied or JSONResponse({"weight_version": router.fleet_version})
 
     @app.get("/workers")
     async def workers(request: Request) -> Response:
         return router.check_admin(request) or JSONResponse(router.describe())
 
     @app.get("/events")
-    async def events(request: Request, since: float = 0.0) -> Response:
+    async def events(request: Request) -> Response:
         denied = router.check_admin(request)
         if denied is not None:
             return denied
+        raw = request.query_params.get("since", "0")
+        try:
+            since = float(raw)
+        except ValueError:
+            since = math.nan
+        if not math.isfinite(since):
+            return _bad(f"since: expected a number of seconds, got {raw!r:.80}")
         return JSONResponse([asdict(e) for e in router.events if e.t > since])
 
     async def set_enabled(request: Request, enabled: bool) -> Response:
         denied = router.check_admin(request)
         if denied is not None:
             return denied
-        body = await read_json(request)
-        url = str(body.get("url", "")).rstrip("/") if isinstance(body, dict) else ""
-        match = [w for w in router.workers if w.url == url]
+        try:
+            body = await read_json(request)
+        except ValueError as e:
+            return _bad(str(e))
+        url, reason = body.get("url"), body.get("reason", "disabled by an operator")
+        if not isinstance(url, str):
+            return _bad(f"url: expected a worker URL (a string), got {url!r:.80}")
+        if not isinstance(reason, str):
+            return _bad(f"reason: expected a string, got {reason!r:.80}")
+        match = [w for w in router.workers if w.url == url.rstrip("/")]
         if not match:
-            return JSONResponse(
-                {
-                    "success": False,
-                    "message": f"url: no worker {url!r}; workers: "
-                    f"{[w.url for w in router.workers]}",
-                },
-                status_code=400,
+            return _bad(
+                f"url: no worker {url!r:.200}; workers: "
+                f"{[w.url for w in router.workers]}"
             )
         w = match[0]
         w.disabled = not enabled
-        w.reason = "" if enabled else str(body.get("reason", "disabled by an operator"))
+        w.reason = "" if enabled else reason[:500]
         router.log("enabled" if enabled else "disabled", w.url, w.reason)
         await router._changed()
         return JSONResponse(
@@ -590,6 +739,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--port", type=int, default=30080)
     ap.add_argument("--admin-api-key", help="default: $SGLANG_ADMIN_API_KEY")
     ap.add_argument(
+        "--worker-api-key",
+        help="the workers' --api-key, for what the router reads from them "
+        "(default: $RLSYNC_WORKER_API_KEY)",
+    )
+    ap.add_argument(
         "--admin-wait",
         type=float,
         default=30.0,
@@ -609,10 +763,21 @@ def main(argv: Optional[list[str]] = None) -> int:
         admin_api_key=args.admin_api_key
         or os.environ.get("SGLANG_ADMIN_API_KEY")
         or None,
+        worker_api_key=args.worker_api_key
+        or os.environ.get("RLSYNC_WORKER_API_KEY")
+        or None,
         admin_wait=args.admin_wait,
         route_wait=args.route_wait,
         request_timeout=args.request_timeout,
         health_interval=args.health_interval,
     )
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning")
+    logging.basicConfig(
+        level=logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        app = create_app(config)
+    except ValueError as e:  # a malformed key: the message names it, not its value
+        ap.error(str(e))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
