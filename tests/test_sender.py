@@ -225,6 +225,41 @@ def test_failed_nccl_rendezvous_raises_and_the_trainer_exits_normally(server_tp1
         assert result["joins"] == [], f"attempt {attempt}: join left running"
 
 
+# A trainer that exits while its join still waits for ranks that never come.
+EXIT_CHILD = """
+import socket, sys, time
+from rlsync.group import GroupJoin
+port = int(sys.argv[1])
+join = GroupJoin("127.0.0.1", port, 3, group_name="never_joined", timeout=300).start()
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:  # until the rendezvous store listens
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.05)
+print("waiting in the rendezvous", flush=True)
+"""
+
+
+def test_exit_during_a_join_tears_it_down_and_exits_normally():
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'python'}:{ROOT}"}
+    t0 = time.monotonic()
+    child = subprocess.run(
+        [sys.executable, "-c", EXIT_CHILD, str(free_port())],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "waiting in the rendezvous" in child.stdout, child.stderr[-2000:]
+    assert child.returncode == 0 and "terminate called" not in child.stderr, (
+        child.returncode,
+        child.stderr[-2000:],
+    )
+    assert time.monotonic() - t0 < 60, "exit waited for the 300 s rendezvous"
+
+
 def test_engine_keys_reach_protected_routes(locked, model_weights):
     """Under --admin-api-key and --api-key: the admin key goes to admin
     routes, the API key to ordinary ones, and a sync goes through."""

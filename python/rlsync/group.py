@@ -16,6 +16,7 @@ import concurrent.futures as cf
 import inspect
 import logging
 import threading
+import weakref
 from datetime import timedelta
 from typing import Optional
 
@@ -37,6 +38,8 @@ _OPTIONS_ARG = (
 )
 # How long a client that releases an abandoned rendezvous may take to connect.
 _RELEASE_TIMEOUT = timedelta(seconds=10)
+# Seconds the interpreter's shutdown waits for each torn-down join.
+_SHUTDOWN_GRACE = 10.0
 
 
 def _check_join_args(
@@ -149,6 +152,7 @@ class GroupJoin:
         self._thread = threading.Thread(target=self._run, name="rlsync-join")
 
     def start(self) -> "GroupJoin":
+        _running.add(self)
         self._thread.start()
         return self
 
@@ -231,3 +235,19 @@ class GroupJoin:
                 self.timeout,
             )
         return not self._thread.is_alive()
+
+
+_running: "weakref.WeakSet[GroupJoin]" = weakref.WeakSet()
+
+
+def _cancel_running() -> None:
+    """At interpreter shutdown, before it waits for non-daemon threads: a
+    join still waiting for its ranks would hold the exit until its timeout."""
+    for join in list(_running):
+        if join.alive:
+            join.cancel(_SHUTDOWN_GRACE)
+
+
+# Runs where concurrent.futures runs its own shutdown hook: before the
+# interpreter joins non-daemon threads (atexit would run after).
+getattr(threading, "_register_atexit", lambda fn: None)(_cancel_running)

@@ -189,6 +189,7 @@ def create_trainer_app(
     backend: str = "nccl",
     group_name: str = "rlsync",
     admin_key: Optional[str] = None,
+    engine_api_key: Optional[str] = None,
     api_key: Optional[str] = None,
     allowed_hosts: Optional[Iterable[str]] = None,
     max_world_size: int = MAX_WORLD_SIZE,
@@ -197,10 +198,13 @@ def create_trainer_app(
 ) -> FastAPI:
     """`weights()` returns what to send now (a module, a state dict or
     (name, tensor) pairs); it is called once per sync. `admin_key` is the
-    engines' admin key; `api_key` (else $RLSYNC_TRAINER_API_KEY) guards this
+    engines' admin key, `engine_api_key` their `--api-key`; `api_key` (else $RLSYNC_TRAINER_API_KEY) guards this
     API and is required. `allowed_hosts`: hostnames or IP literals an engine
     may register from (any well-formed host when None)."""
     key = _resolve_key(api_key)
+    for name, value in (("admin_key", admin_key), ("engine_api_key", engine_api_key)):
+        if value:
+            check_key(name, value)
     allowed = None
     if allowed_hosts is not None:
         hosts = list(allowed_hosts)
@@ -253,7 +257,9 @@ def create_trainer_app(
         async with lock:
             if url not in engines and len(engines) >= max_endpoints:
                 return bad(_BadRequest(f"host: {max_endpoints} endpoints already", 409))
-            engines[url] = Engine(url, tp_size=world_size, admin_key=admin_key)
+            engines[url] = Engine(
+                url, world_size, admin_key=admin_key, api_key=engine_api_key
+            )
         logger.info("rlsync trainer API: endpoint %s (%d ranks)", url, world_size)
         return listing()
 
