@@ -196,6 +196,8 @@ class GroupJoin:
         except BaseException as e:  # reported by result()
             with self._lock:
                 self._in_rendezvous = False
+                if not self._cancelled:  # else cancel() drops it once released
+                    self._store = None
             # Without its traceback: the frames would keep the rendezvous
             # store, and so its port, alive as long as the exception lives.
             self.future.set_exception(e.with_traceback(None))
