@@ -94,6 +94,10 @@ def server_env(stub_dir: Path, tp: int, pristine: bool = False) -> dict[str, str
         env["PYTHONPATH"] = os.pathsep.join(
             filter(None, [str(PRISTINE_PYTHON), env.get("PYTHONPATH")])
         )
+    elif env.get("RLSYNC_SGLANG_TREE"):
+        # A developer's tree (e.g. build/work/python) shadows the installed
+        # wheel: try a change to the series before rebuilding the wheel.
+        env["PYTHONPATH"] = str(Path(env["RLSYNC_SGLANG_TREE"]).resolve())
     else:
         env.pop("PYTHONPATH", None)
     return env

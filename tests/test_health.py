@@ -221,3 +221,96 @@ def test_hung_operation_past_deadline_turns_unhealthy_then_recovers(start_server
         generating_health(server)
     finally:
         leave_update_group(pg)
+
+
+def test_probes_that_arrive_just_before_a_blocking_init_are_answered_promptly(
+    server_tp1,
+):
+    """A health check whose token is queued just before the init blocks the
+    scheduler is answered once the init is seen, not after it ends."""
+    server = server_tp1
+    for round_ in range(3):
+        port = free_port()
+        group = f"probe_race_{port}"
+        probes = []
+        for i in range(6):
+            probes.append(pool.submit(health_generate, server.url, 15.0))
+            if i == 2:
+                fut = start_init(server, port, group)
+            time.sleep(0.05)  # spreads the probes around the init's start
+        answers = [p.result(timeout=30) for p in probes]
+        pg = join_update_group("127.0.0.1", port, 2, group_name=group, timeout=60)
+        try:
+            assert fut.result(timeout=60).json()["success"]
+            slow = [a for a in answers if a.status != 200 or a.seconds > 3.0]
+            assert not slow, f"round {round_}: {slow}"
+        finally:
+            client.destroy_weights_update_group(server.url, group_name=group)
+            leave_update_group(pg)
+
+
+@pytest.fixture
+def short_deadline_server(start_server):
+    return start_server(tp=1, extra_args=["--weight-update-health-deadline", "3"])
+
+
+def test_a_prepared_session_whose_trainer_died_keeps_the_worker_healthy(
+    short_deadline_server, model_weights
+):
+    """prepare, then the trainer is gone: serving goes on, so health stays
+    200 past the deadline (a router would otherwise mark the worker dead)."""
+    server = short_deadline_server
+    trainer = GlooTrainer([server.url], [1], group_name="stale_session")
+    from rlsync.planner import plan_buckets
+
+    meta = [b.meta() for b in plan_buckets(model_weights, 1 << 20)]
+    client.prepare_weights_update(server.url, meta, group_name="stale_session")
+    t0 = time.monotonic()
+    answers = poll_until(server.url, t0 + 6.0, timeout=5.0)
+    assert [a for a in answers if a.at - t0 > 4.0], "no probe past the deadline"
+    assert all(a.status == 200 for a in answers), answers
+    generating_health(server)
+    assert client.abort_weights_update(server.url, group_name="stale_session").success
+    leave_update_group(trainer.group)
+
+
+def test_the_operator_deadline_bounds_an_operation_with_a_longer_timeout(
+    short_deadline_server,
+):
+    server = short_deadline_server
+    port = free_port()
+    group = f"long_timeout_{port}"
+    fut = start_init(server, port, group, timeout=120)
+    deadline = time.monotonic() + 15
+    while (answer := health_generate(server.url, timeout=5.0)).status != 503:
+        assert time.monotonic() < deadline, f"still {answer} past the 3 s deadline"
+        time.sleep(0.25)
+    assert "past its deadline of 3.0s" in answer.body
+    pg = join_update_group("127.0.0.1", port, 2, group_name=group)
+    try:
+        assert fut.result(timeout=60).json()["success"]
+        generating_health(server)
+    finally:
+        leave_update_group(pg)
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e309", "-1", "0"])
+def test_non_finite_or_non_positive_timeouts_are_400(server_tp1, value):
+    init = (
+        '{"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, '
+        f'"world_size": 2, "group_name": "t", "backend": "gloo", "timeout": {value}}}'
+    )
+    complete = f'{{"group_name": "t", "timeout": {value}}}'
+    for endpoint, body in (
+        ("/init_weights_update_group", init),
+        ("/complete_weights_update", complete),
+    ):
+        resp = requests.post(
+            server_tp1.url + endpoint,
+            data=body,
+            headers={"Content-Type": "application/json"},
+            timeout=30,
+        )
+        assert resp.status_code == 400, (endpoint, value, resp.text)
+        assert "timeout: must be a finite number of seconds > 0" in resp.text
+    generating_health(server_tp1)

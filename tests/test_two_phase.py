@@ -261,7 +261,7 @@ def bad_prepare_cases(group: str):
         ),
         (req([GOOD], group_name="nope"), "group_name: no update group 'nope'"),
         (req([GOOD], load_format="zip"), "load_format: 'zip' is not one of"),
-        (req([{**GOOD, "digest": "md5:abc"}]), "buckets[0].digest: expected 'wsum64:"),
+        (req([{**GOOD, "digest": "md5:abc"}]), "buckets[0].digest: expected 'psum61:"),
         (req([]), "buckets: an update needs at least one bucket"),
     ]
 

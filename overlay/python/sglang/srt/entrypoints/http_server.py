@@ -542,6 +542,13 @@ async def health_generate(request: Request) -> Response:
     tic = time.time()
     while time.time() < tic + HEALTH_CHECK_TIMEOUT:
         await asyncio.sleep(1)
+        # A weight update that started after this check arrived blocks its
+        # token: answer as if it had been running when the check arrived.
+        response = weight_update_health_response(_global_state.tokenizer_manager)
+        if response is not None:
+            task.cancel()
+            _global_state.tokenizer_manager.rid_to_state.pop(rid, None)
+            return response
         if _global_state.tokenizer_manager.last_receive_tstamp > tic:
             task.cancel()
             _global_state.tokenizer_manager.rid_to_state.pop(rid, None)

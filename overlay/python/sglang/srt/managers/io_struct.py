@@ -19,6 +19,7 @@ processes (TokenizerManager, DetokenizerManager, Scheduler).
 from __future__ import annotations
 
 import copy
+import math
 import uuid
 from abc import ABC
 from collections import Counter
@@ -1381,6 +1382,23 @@ class BackupDramReq(BaseReq):
     buffer_size: int
 
 
+def check_timeout_seconds(value: Optional[float], name: str = "timeout") -> None:
+    """A timeout is None or a finite number of seconds > 0 (NaN, Infinity and
+    1e309 parse as floats, and would make a wait never end)."""
+    if value is None:
+        return
+    finite = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if finite:
+        try:
+            finite = math.isfinite(value) and value > 0
+        except OverflowError:  # an int beyond float's range
+            finite = False
+    if not finite:
+        raise ValueError(
+            f"{name}: must be a finite number of seconds > 0, got {value!r}"
+        )
+
+
 @dataclass
 class InitWeightsUpdateGroupReqInput(BaseReq):
     # The master address
@@ -1398,6 +1416,9 @@ class InitWeightsUpdateGroupReqInput(BaseReq):
     # Seconds to wait for every rank to join (None: torch's default)
     timeout: Optional[float] = None
 
+    def __post_init__(self):
+        check_timeout_seconds(self.timeout)
+
 
 @dataclass
 class InitWeightsUpdateGroupReqOutput(BaseReq):
@@ -1410,7 +1431,7 @@ class InitWeightsUpdateGroupReqOutput(BaseReq):
 @dataclass
 class PrepareWeightsUpdateReqInput(BaseReq):
     # Metadata of every bucket of the update: names, dtypes, shapes and an
-    # optional sender digest ("wsum64:..."), validated before any byte moves
+    # optional sender digest ("psum61:..."), validated before any byte moves
     num_buckets: int
     buckets: List[Dict[str, Any]]
     # The update group, initialised by /init_weights_update_group
@@ -1440,13 +1461,17 @@ class CompleteWeightsUpdateReqInput(BaseReq):
     # Seconds to wait for the last bucket (None: 300)
     timeout: Optional[float] = None
     # Wait for in-flight requests to finish before applying (upstream's
-    # update_weights_from_distributed semantics); default applies in place
-    drain: bool = False
+    # update_weights_from_distributed semantics). None: only with flush_cache
+    # (a cache flush needs an idle scheduler); otherwise apply in place
+    drain: Optional[bool] = None
     # Free the staging buffers afterwards instead of keeping them for the next update
     release_staging: bool = False
     # Internal: the longest the scheduler may block per attempt; the tokenizer
     # manager retries until `timeout`, so batches run while bytes arrive
     scheduler_wait_s: Optional[float] = None
+
+    def __post_init__(self):
+        check_timeout_seconds(self.timeout)
 
 
 @dataclass
@@ -1457,6 +1482,8 @@ class CompleteWeightsUpdateReqOutput(BaseReq):
     status_code: int = 200
     ready_to_apply: bool = False
     applied: bool = False
+    # The version the served weights now have, when applied
+    weight_version: Optional[str] = None
     # Whether a session is still open (verified, or waiting after a timeout)
     session_open: bool = False
     # The receiver is still busy; ask again (see scheduler_wait_s)

@@ -29,6 +29,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.weight_update_health import (
     pause_watchdogs_during_weight_update,
 )
+from sglang.srt.weight_sync.load_check import LoadCheckError, check_loadable
 from sglang.srt.weight_sync.staged_receiver import (
     StagedWeightReceiver,
     StagingPool,
@@ -51,6 +52,7 @@ _IDLE_POLL_MS = 50
 class _Session:
     group_name: str
     receiver: StagedWeightReceiver
+    weight_version: Optional[str] = None
     verified: bool = False
 
 
@@ -148,6 +150,7 @@ class SchedulerTwoPhaseUpdateMixin:
                     f"--weight-update-staging-budget-mb of {budget} MiB",
                     status_code=413,
                 )
+            _check_loadable(model_runner.model, buckets)
             if self._two_phase_pool is None:
                 self._two_phase_pool = StagingPool(model_runner.device)
             receiver = StagedWeightReceiver(
@@ -172,7 +175,9 @@ class SchedulerTwoPhaseUpdateMixin:
                 status_code=failed[0]["status_code"],
             )
         receiver.start()
-        self._two_phase_session = _Session(recv_req.group_name, receiver)
+        self._two_phase_session = _Session(
+            recv_req.group_name, receiver, recv_req.weight_version
+        )
         return PrepareWeightsUpdateReqOutput(
             status="ready",
             message="",
@@ -284,14 +289,34 @@ class SchedulerTwoPhaseUpdateMixin:
                 rank_results=_rank_summary(results),
             )
 
-        # 2. Apply, in one step between two batches, on every rank.
+        # 2. A cache flush needs an idle scheduler: check before applying.
+        if recv_req.flush_cache:
+            busy = self._gather_rank_results({"busy": not self.is_fully_idle()})
+            if any(r["busy"] for r in busy):
+                if recv_req.drain:
+                    # New requests wait in the tokenizer manager; let the
+                    # in-flight ones finish, then try again.
+                    return CompleteWeightsUpdateReqOutput(
+                        success=False, num_buckets_received=num_received, pending=True
+                    )
+                return CompleteWeightsUpdateReqOutput(
+                    success=False,
+                    num_buckets_received=num_received,
+                    message="flush_cache: requests are in flight (generation is "
+                    "paused in place), and a cache flush needs them finished; "
+                    "nothing applied: continue generation and complete again, "
+                    "or complete without flush_cache",
+                    status_code=409,
+                    ready_to_apply=True,
+                    stats=stats,
+                )
+
+        # 3. Apply, in one step between two batches, on every rank.
         t2 = time.perf_counter()
         try:
             if torch.cuda.is_available() and receiver.buffer.is_cuda:
                 torch.cuda.current_stream().synchronize()
             self.tp_worker.model_runner.model.load_weights(receiver.named_tensors())
-            if recv_req.flush_cache:
-                assert self.flush_cache(), "Cache flush failed after updating weights"
             local = {"success": True, "message": ""}
         except Exception as e:
             logger.exception("complete_weights_update: apply failed")
@@ -301,8 +326,18 @@ class SchedulerTwoPhaseUpdateMixin:
                 f"updated, reload them",
             }
         stats["apply_seconds"] = time.perf_counter() - t2
+        flushed = None
+        if recv_req.flush_cache and local["success"]:
+            flushed = self.flush_cache()
+            if not flushed:
+                local = {
+                    "success": False,
+                    "message": "applied, but the cache flush failed: cached "
+                    "prefixes may still hold the old weights' KV; call /flush_cache",
+                }
         results = self._gather_rank_results(local)
         failed = [r for r in results if not r["success"]]
+        applied = not failed or flushed is False
         self._end_two_phase_session(release=recv_req.release_staging)
         return CompleteWeightsUpdateReqOutput(
             success=not failed,
@@ -311,10 +346,14 @@ class SchedulerTwoPhaseUpdateMixin:
                 _join_messages(failed, self.tp_size)
                 if failed
                 else f"applied {num_received} buckets"
+                + (" and flushed the cache" if flushed else "")
             ),
             status_code=500 if failed else 200,
             ready_to_apply=False,
-            applied=not failed,
+            applied=applied,
+            weight_version=(
+                (recv_req.weight_version or session.weight_version) if applied else None
+            ),
             stats=stats,
             rank_results=_rank_summary(results),
         )
@@ -339,6 +378,30 @@ class SchedulerTwoPhaseUpdateMixin:
         self._abandoned_update_groups = abandoned
         self._end_two_phase_session(release=True)
         return usable
+
+    def two_phase_session_conflict(
+        self: Scheduler, group_name: str, operation: str
+    ) -> Optional[str]:
+        """Why `operation` may not touch `group_name` now: an open session
+        owns its group until it completes or aborts."""
+        session = self._two_phase_session
+        if session is None or session.group_name != group_name:
+            return None
+        return (
+            f"group_name: a weight update session is open on group "
+            f"'{group_name}'; complete or abort it before {operation}"
+        )
+
+    def abort_two_phase_session_on_group(
+        self: Scheduler, group_name: str
+    ) -> Optional[str]:
+        """Before the group is destroyed: discard a session open on it, so
+        that nothing frees the group under a posted receive."""
+        session = self._two_phase_session
+        if session is None or session.group_name != group_name:
+            return None
+        self._discard_two_phase_session(session)
+        return "the weight update session open on it was aborted (the served weights are unchanged)"
 
     def abort_weights_update(
         self: Scheduler, recv_req: AbortWeightsUpdateReqInput
@@ -369,6 +432,16 @@ class SchedulerTwoPhaseUpdateMixin:
         return AbortWeightsUpdateReqOutput(
             success=True, message=message, group_usable=usable
         )
+
+
+def _check_loadable(model, buckets: List) -> None:
+    """Fail prepare, naming the field, for anything the apply would reject."""
+    specs = [(b.index, i, t) for b in buckets for i, t in enumerate(b.tensors)]
+    try:
+        check_loadable(model, [(t.name, t.dtype, t.shape) for _, _, t in specs])
+    except LoadCheckError as e:
+        bucket, position, _ = specs[e.index]
+        raise WeightsUpdateError(f"buckets[{bucket}].{e.field}[{position}]: {e}")
 
 
 def _join_messages(failed: List[Dict], tp_size: int) -> str:

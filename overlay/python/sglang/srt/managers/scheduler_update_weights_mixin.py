@@ -68,6 +68,11 @@ class SchedulerUpdateWeightsMixin:
         self: Scheduler, recv_req: InitWeightsUpdateGroupReqInput
     ):
         """Initialize the online model parameter update group."""
+        conflict = self.two_phase_session_conflict(
+            recv_req.group_name, "initialising it again"
+        )
+        if conflict:
+            return InitWeightsUpdateGroupReqOutput(False, conflict)
         success, message = self.tp_worker.init_weights_update_group(recv_req)
         return InitWeightsUpdateGroupReqOutput(success, message)
 
@@ -76,7 +81,11 @@ class SchedulerUpdateWeightsMixin:
         self: Scheduler, recv_req: DestroyWeightsUpdateGroupReqInput
     ):
         """Destroy the online model parameter update group."""
+        aborted = self.abort_two_phase_session_on_group(recv_req.group_name)
         success, message = self.tp_worker.destroy_weights_update_group(recv_req)
+        if aborted:
+            # An unusable group was already released by the abort.
+            success, message = True, f"Destroyed the group; {aborted}."
         return DestroyWeightsUpdateGroupReqOutput(success, message)
 
     @gather_rank_results
@@ -86,6 +95,11 @@ class SchedulerUpdateWeightsMixin:
         recv_req: UpdateWeightsFromDistributedReqInput,
     ) -> Tuple[bool, str]:
         """Update the online model parameter."""
+        conflict = self.two_phase_session_conflict(
+            recv_req.group_name, "another update on it"
+        )
+        if conflict:
+            return UpdateWeightsFromDistributedReqOutput(False, conflict)
         success, message = self.tp_worker.update_weights_from_distributed(recv_req)
         if success:
             if recv_req.flush_cache:

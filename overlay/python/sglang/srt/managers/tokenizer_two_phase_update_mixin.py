@@ -55,8 +55,6 @@ class TokenizerTwoPhaseUpdateMixin:
         self.abort_weights_update_communicator = _Communicator(
             self.send_to_scheduler, server_args.dp_size
         )
-        # group_name -> (weight_version from prepare, health-tracker id)
-        self._two_phase_sessions: Dict[str, tuple] = {}
         self._result_dispatcher += TypeBasedDispatcher(
             [
                 (
@@ -79,11 +77,6 @@ class TokenizerTwoPhaseUpdateMixin:
             self.server_args.dp_size == 1
         ), "dp_size must be 1 for the two-phase weight update"
 
-    def _end_two_phase_session(self: TokenizerManager, group_name: str) -> None:
-        session = self._two_phase_sessions.pop(group_name, None)
-        if session is not None:
-            self.weight_update_tracker.end(session[1])
-
     @track_weight_update("prepare_weights_update")
     async def prepare_weights_update(
         self: TokenizerManager,
@@ -92,12 +85,10 @@ class TokenizerTwoPhaseUpdateMixin:
     ) -> PrepareWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
         self._check_two_phase_supported()
-        result = (await self.prepare_weights_update_communicator(obj))[0]
-        if result.status == "ready":
-            # prepare -> complete counts as one operation for the health check.
-            op_id = self.weight_update_tracker.begin("two_phase_weight_update")
-            self._two_phase_sessions[obj.group_name] = (obj.weight_version, op_id)
-        return result
+        # An open session is not a running operation for the health check:
+        # serving goes on while the bytes arrive, and a trainer that died
+        # after prepare must not make a serving worker unhealthy.
+        return (await self.prepare_weights_update_communicator(obj))[0]
 
     @track_weight_update("complete_weights_update")
     async def complete_weights_update(
@@ -107,22 +98,30 @@ class TokenizerTwoPhaseUpdateMixin:
     ) -> CompleteWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
         self._check_two_phase_supported()
-        lock_context = nullcontext()
-        if obj.apply and obj.drain:
+        drain = obj.flush_cache if obj.drain is None else obj.drain
+        if obj.apply and obj.flush_cache and not drain:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message="flush_cache: a cache flush needs the in-flight requests "
+                "finished first, which drain=false forbids; nothing was done "
+                "(omit drain, or flush_cache=false to apply in place)",
+                status_code=400,
+                session_open=True,
+            )
+        holds_requests_back = False
+        if obj.apply and drain:
             async with self.is_pause_cond:
-                if not self.is_pause:
-                    lock_context = self.model_update_lock.writer_lock
+                holds_requests_back = not self.is_pause
+        lock_context = (
+            self.model_update_lock.writer_lock if holds_requests_back else nullcontext()
+        )
+        # The scheduler waits for requests to finish only if they can.
+        attempt = dataclasses.replace(obj, drain=holds_requests_back)
         async with lock_context:
-            result = await self._complete_without_blocking_scheduler(obj)
-
-        session = self._two_phase_sessions.get(obj.group_name)
-        if result.applied:
-            version = obj.weight_version or (session[0] if session else None)
-            self._update_weight_version_if_provided(version)
-            if version is not None:
-                result.message += f" Weight version updated to {version}."
-        if not result.session_open:
-            self._end_two_phase_session(obj.group_name)
+            result = await self._complete_without_blocking_scheduler(attempt)
+        if result.applied and result.weight_version is not None:
+            self._update_weight_version_if_provided(result.weight_version)
+            result.message += f" Weight version updated to {result.weight_version}."
         return result
 
     async def _complete_without_blocking_scheduler(
@@ -157,10 +156,7 @@ class TokenizerTwoPhaseUpdateMixin:
     ) -> AbortWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
         self._check_two_phase_supported()
-        result = (await self.abort_weights_update_communicator(obj))[0]
-        if result.success:
-            self._end_two_phase_session(obj.group_name)
-        return result
+        return (await self.abort_weights_update_communicator(obj))[0]
 
 
 def two_phase_response_content(

@@ -54,9 +54,11 @@ class WeightUpdateTracker:
         self._ids = itertools.count()
 
     def begin(self, name: str, timeout: Optional[float] = None) -> int:
-        deadline = (
-            self.default_deadline if timeout is None else timeout + _TIMEOUT_GRACE_S
-        )
+        # The operator's deadline bounds every operation; an operation's own
+        # timeout can only shorten it.
+        deadline = self.default_deadline
+        if timeout is not None:
+            deadline = min(deadline, timeout + _TIMEOUT_GRACE_S)
         op_id = next(self._ids)
         self._operations[op_id] = WeightUpdateOperation(
             name=name, started=time.monotonic(), deadline=deadline
@@ -148,8 +150,12 @@ def pause_watchdogs_during_weight_update(func):
             )
             if w is not None
         ]
-        # Only the rank wired to the detokenizer really sends.
-        self.send_to_detokenizer.send_output(WeightUpdatePauseReq())
+        # Only the rank wired to the detokenizer really sends. Token-in/
+        # token-out servers wire that channel to the tokenizer manager, which
+        # has no watchdog to pause.
+        tell_detokenizer = not self.server_args.skip_tokenizer_init
+        if tell_detokenizer:
+            self.send_to_detokenizer.send_output(WeightUpdatePauseReq())
         for watchdog in watchdogs:
             watchdog.pause()
         try:
@@ -157,6 +163,7 @@ def pause_watchdogs_during_weight_update(func):
         finally:
             for watchdog in watchdogs:
                 watchdog.resume()
-            self.send_to_detokenizer.send_output(WeightUpdateResumeReq())
+            if tell_detokenizer:
+                self.send_to_detokenizer.send_output(WeightUpdateResumeReq())
 
     return wrapper

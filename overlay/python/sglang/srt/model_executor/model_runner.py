@@ -1520,7 +1520,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         assert (
             torch.distributed.is_initialized()
         ), "Default torch process group must be initialized"
-        assert group_name != "", "Group name cannot be empty"
+        if not group_name:
+            return False, "group_name: must not be empty"
 
         rank = rank_offset + self.tp_rank
 
@@ -1578,10 +1579,13 @@ class ModelRunner(ModelRunnerKVCacheMixin):
             shape: the shape of the parameter to be updated.
         """
 
-        assert group_name in self._model_update_group, (
-            f"Group {group_name} not in {list(self._model_update_group.keys())}. "
-            "Please call `init_weights_update_group` first."
-        )
+        if group_name not in self._model_update_group:
+            # An error for the caller, not an assert that ends the server.
+            return False, (
+                f"group_name: no update group {group_name!r} on this server "
+                f"(groups: {sorted(self._model_update_group)}); call "
+                f"/init_weights_update_group first"
+            )
 
         if load_format == "flattened_bucket":
             return self._update_bucketed_weights_from_distributed(

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Dict
 
 # The rlsync patch series applied to this tree, and the release it is made for.
-SERIES = 5
+SERIES = 6
 PIN = {"name": "sglang", "version": "0.5.10"}
 FEATURES = (
     "watchdog_pause",  # 0001: blocking weight updates pause the watchdogs

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 LOAD_FORMATS = (None, "flattened_bucket")
-DIGEST_ALGORITHM = "wsum64"
+DIGEST_ALGORITHM = "psum61"
 # How often a waiting receiver checks for an abort.
 _ABORT_POLL = timedelta(seconds=0.2)
 _DTYPES: Dict[str, torch.dtype] = {
@@ -162,63 +162,164 @@ def parse_buckets(
             offset += nbytes
         digest = bucket.get("digest")
         if digest is not None:
-            check_digest_format(digest, f"{where}.digest")
+            check_digest_format(digest, f"{where}.digest", offset)
         specs.append(BucketSpec(b, tensors, offset, digest))
     return specs
 
 
 # --- digest ---------------------------------------------------------------
 #
-# "wsum64:<s1>:<s2>" over the bucket's bytes read as little-endian int64 words
-# (zero-padded): s1 = sum(w_i), s2 = sum((i + 1) * w_i), both mod 2**64. One
-# multiply and two sums per 8 bytes, memory-bound on GPU and CPU alike. A
-# flipped byte always changes s1; reordered words or a bucket delivered in
-# another's place change s2.
+# "psum61:<s1>:<s2>": the bucket's bytes, zero-padded to a multiple of 4, as
+# little-endian int32 words w_i; s1 = sum(w_i) and s2 = sum((i + 1) * w_i),
+# both mod the prime p = 2**61 - 1, as 16 lowercase hex digits each. Every
+# change confined to at most two words (a swap of two differing words too)
+# changes the digest: equal digests would need d_i + d_j = 0 and
+# (j - i) * d_j = 0 (mod p) with |d| < 2**32 < p and 0 < j - i < 2**36 < p.
+# An integrity check, not authentication. Exact int64 sums on any device
+# (CPU and CUDA agree bit for bit), buckets below 2**38 bytes. The code from
+# PSUM_PRIME to _psum_format is rlsync.digest's, verbatim (rlsync.digest's
+# docstring has the proof and the overflow bounds).
 
-_WSUM_COLS = 64
-_DIGEST_RE = re.compile(r"^wsum64:[0-9a-f]{16}:[0-9a-f]{16}$")
+PSUM_PRIME = (1 << 61) - 1
+MAX_DIGEST_BYTES = 1 << 38  # exclusive: fewer than 2**36 words
+_PSUM_COLS = 64
+# CPU only: rows widened from int32 to int64 at a time. 480 * 64 words are
+# below torch's 32768-element grain, so each op runs on the calling thread:
+# intra-op threads would add a fork-join per op, which costs more than it
+# saves here and stalls badly when other processes share the cores.
+_PSUM_BLOCK_ROWS = 480
+# (values, counts in S, base, step): see _psum_pieces
+PsumPiece = tuple[torch.Tensor, bool, int, int]
 
 
-def check_digest_format(digest: Any, where: str) -> None:
-    if not isinstance(digest, str) or not _DIGEST_RE.match(digest):
+def _psum_rows_cols(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact int64 row and column sums of an [R, 64] int32 or int64 matrix."""
+    if mat.dtype == torch.int64 or mat.device.type != "cpu" or mat.shape[0] < 64:
+        return mat.sum(1, dtype=torch.int64), mat.sum(0, dtype=torch.int64)
+    # torch's CPU sum of int32 into int64 runs at about 1 GB/s; widening a
+    # cache-sized block first and summing that is several times faster, and
+    # the bytes are still read from memory once.
+    starts = range(0, mat.shape[0], _PSUM_BLOCK_ROWS)
+    rows = torch.empty(mat.shape[0], dtype=torch.int64)
+    cols = torch.empty(len(starts), _PSUM_COLS, dtype=torch.int64)
+    block = torch.empty(
+        min(mat.shape[0], _PSUM_BLOCK_ROWS), _PSUM_COLS, dtype=torch.int64
+    )
+    for b, start in enumerate(starts):
+        part = mat[start : start + _PSUM_BLOCK_ROWS]
+        wide = block[: part.shape[0]]
+        wide.copy_(part)
+        torch.sum(wide, 1, out=rows[start : start + part.shape[0]])
+        torch.sum(wide, 0, out=cols[b])
+    return rows, cols.sum(0)
+
+
+def _psum_pieces(data: torch.Tensor) -> tuple[list[PsumPiece], torch.Tensor]:
+    """Partial sums of 1-D uint8 bytes, still on their device: pieces
+    (values, counts_in_S, base, step) such that, over the int32 words w_i,
+    S = sum(w_i) = sum of the values of the pieces that count in S and
+    T = sum(i * w_i) = sum over pieces of sum_k (base + step * k) * values[k];
+    plus the trailing 0-3 bytes (the last word, zero-padded).
+
+    With the words as an [R, 64] matrix (i = 64 r + c) and tail words m.. apart,
+    T = 64 * sum(r * rowsum_r) + sum(c * colsum_c) + sum(i * w_i for the tail):
+    the row sums are a vector 64 times shorter, treated the same way until
+    fewer than 64 remain. Level k's entries are sums of 64**k words; rows
+    are formed only from 64 or more entries, so with fewer than 2**36 words
+    there are at most 5 levels (row sums of at most 64**5 = 2**30 words), and
+    a column sum adds at most N / 64 < 2**30 words' worth: every value is a
+    sum of at most 2**30 words, |value| <= 2**61 < 2**63."""
+    n = data.numel()
+    if n >= MAX_DIGEST_BYTES:
+        raise ValueError(
+            f"{DIGEST_ALGORITHM} digests cover buckets below {MAX_DIGEST_BYTES} "
+            f"bytes (256 GiB); this one has {n}"
+        )
+    if data.storage_offset() % 4:
+        data = data.clone()  # int32 views need 4-byte aligned bytes
+    whole = n - n % 4
+    words = data[:whole].view(torch.int32)
+    pieces: list[PsumPiece] = []
+    step = 1
+    while words.numel() >= _PSUM_COLS:
+        m = words.numel() - words.numel() % _PSUM_COLS
+        rows, cols = _psum_rows_cols(words[:m].view(-1, _PSUM_COLS))
+        pieces.append((cols, step == 1, 0, step))
+        if m < words.numel():
+            pieces.append((words[m:], step == 1, m * step, step))
+        words, step = rows, step * _PSUM_COLS
+    if words.numel():
+        pieces.append((words, step == 1, 0, step))
+    return pieces, data[whole:]
+
+
+def psum_totals(parts: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """Exact (S, T, N) of each 1-D uint8 part: S = sum(w_i) and
+    T = sum(i * w_i) over its N int32 words (i from 0, the last word
+    zero-padded). One device-to-host copy for all parts together."""
+    plans = [_psum_pieces(part) for part in parts]
+    tensors: list[torch.Tensor] = []
+    for pieces, tail in plans:
+        tensors += [piece[0] for piece in pieces] + [tail]
+    values = torch.cat(tensors).tolist()
+    totals: list[tuple[int, int, int]] = []
+    at = 0
+    for part, (pieces, tail) in zip(parts, plans):
+        s = t = 0
+        for v, counts_in_s, base, step in pieces:
+            chunk = values[at : at + v.numel()]
+            at += v.numel()
+            total = sum(chunk)
+            t += base * total + step * sum(k * x for k, x in enumerate(chunk))
+            if counts_in_s:
+                s += total
+        words = part.numel() // 4
+        if tail.numel():
+            raw = bytes(values[at : at + tail.numel()]).ljust(4, b"\0")
+            at += tail.numel()
+            last = int.from_bytes(raw, "little", signed=True)
+            s, t, words = s + last, t + words * last, words + 1
+        totals.append((s, t, words))
+    return totals
+
+
+def _psum_format(s: int, t: int) -> str:
+    """The digest string of S = sum(w_i), T = sum(i * w_i)."""
+    s1, s2 = s % PSUM_PRIME, (t + s) % PSUM_PRIME
+    return f"{DIGEST_ALGORITHM}:{s1:016x}:{s2:016x}"
+
+
+_DIGEST_RE = re.compile(rf"{DIGEST_ALGORITHM}:([0-9a-f]{{16}}):([0-9a-f]{{16}})")
+
+
+def check_digest_format(digest: Any, where: str, nbytes: Optional[int] = None) -> None:
+    """A well-formed digest of this server's algorithm; with `nbytes`, also
+    a bucket size the digest supports."""
+    match = _DIGEST_RE.fullmatch(digest) if isinstance(digest, str) else None
+    if match is None or any(int(v, 16) >= PSUM_PRIME for v in match.groups()):
+        found = digest.split(":")[0] if isinstance(digest, str) else None
+        hint = (
+            f"; digest algorithm {found!r} is not accepted by this server (it "
+            f"checks {DIGEST_ALGORITHM} only: upgrade rlsync on the trainer)"
+            if found and found != DIGEST_ALGORITHM and ":" in digest
+            else ""
+        )
         raise WeightsUpdateError(
-            f"{where}: expected '{DIGEST_ALGORITHM}:<16 hex>:<16 hex>', got {digest!r}"
+            f"{where}: expected '{DIGEST_ALGORITHM}:<s1>:<s2>' with s1 and s2 "
+            f"16 lowercase hex digits below 2**61 - 1, got {digest!r}{hint}"
+        )
+    if nbytes is not None and nbytes >= MAX_DIGEST_BYTES:
+        raise WeightsUpdateError(
+            f"{where}: {DIGEST_ALGORITHM} digests cover buckets below "
+            f"{MAX_DIGEST_BYTES} bytes (256 GiB); this bucket has {nbytes}"
         )
 
 
 def bucket_digest(data: torch.Tensor) -> str:
     """Digest of a contiguous uint8 tensor (any device)."""
     assert data.dtype == torch.uint8 and data.dim() == 1
-    device = data.device
-    n = data.numel()
-    whole = n - n % 8
-    words = data[:whole].view(torch.int64)
-    # With word i = r * 64 + c, sum((i + 1) * w_i) is
-    # 64 * sum(r * row_sum_r) + sum((c + 1) * col_sum_c): only plain
-    # reductions touch the whole bucket.
-    m = words.numel() - words.numel() % _WSUM_COLS
-    matrix = words[:m].view(-1, _WSUM_COLS)
-    row_sums, col_sums = matrix.sum(dim=1), matrix.sum(dim=0)
-    rows = torch.arange(row_sums.numel(), dtype=torch.int64, device=device)
-    cols = torch.arange(1, _WSUM_COLS + 1, dtype=torch.int64, device=device)
-    s1 = row_sums.sum()
-    s2 = (row_sums * rows).sum() * _WSUM_COLS + (col_sums * cols).sum()
-    tail = words[m:]
-    if whole != n:
-        last = torch.zeros(8, dtype=torch.uint8, device=device)
-        last[: n - whole] = data[whole:]
-        tail = torch.cat([tail, last.view(torch.int64)])
-    if tail.numel():
-        index = torch.arange(
-            m + 1, m + 1 + tail.numel(), dtype=torch.int64, device=device
-        )
-        s1 = s1 + tail.sum()
-        s2 = s2 + (tail * index).sum()
-    return f"{DIGEST_ALGORITHM}:{_hex64(s1.item())}:{_hex64(s2.item())}"
-
-
-def _hex64(value: int) -> str:
-    return f"{value & 0xFFFFFFFFFFFFFFFF:016x}"
+    s, t, _ = psum_totals([data])[0]
+    return _psum_format(s, t)
 
 
 # --- staging --------------------------------------------------------------

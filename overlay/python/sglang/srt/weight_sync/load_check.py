@@ -1,0 +1,128 @@
+"""Check that a weight update can be applied, before any byte moves.
+
+The apply runs the model's own loader (`model.load_weights`), which writes
+parameter after parameter: a tensor it rejects halfway (a wrong shape, a dtype
+it cannot take) would leave the model partly updated. So `prepare` runs the
+same loader first on meta tensors of the declared names, dtypes and shapes,
+with every parameter swapped for a meta stand-in carrying the same attributes
+(its `weight_loader`, shard dimensions, ...): whatever the loader would reject
+during the apply, it rejects here, and nothing real is read or written.
+
+Imports only torch.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Errors that say the loader needed real data, not that the update is wrong.
+_META_LIMITS = (
+    "out of meta tensor",
+    "on meta tensors",
+    "'Meta' backend",
+    "data-dependent",
+)
+# Raw bytes of these dtypes cannot be reinterpreted as a tensor, or cannot be
+# loaded into a model whose parameters are all floating point.
+_NEVER_LOADABLE = (torch.qint8, torch.quint8, torch.qint32, torch.quint4x2)
+
+
+class LoadCheckError(ValueError):
+    """The update cannot be applied: `index` is the offending tensor's
+    position in the checked sequence, `field` what is wrong with it."""
+
+    def __init__(self, message: str, index: int, field: str):
+        super().__init__(message)
+        self.index = index
+        self.field = field
+
+
+@contextmanager
+def _parameters_on_meta(model: torch.nn.Module) -> Iterator[None]:
+    """Swap every parameter for a meta stand-in (shared parameters stay
+    shared); the very same objects are back afterwards, whatever happened."""
+    stand_ins: Dict[int, torch.nn.Parameter] = {}
+    swapped: List[Tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
+    try:
+        for module in model.modules():
+            for name, param in list(module._parameters.items()):
+                if param is None:
+                    continue
+                stand_in = stand_ins.get(id(param))
+                if stand_in is None:
+                    stand_in = torch.nn.Parameter(
+                        torch.empty_like(param, device="meta"),
+                        requires_grad=param.requires_grad,
+                    )
+                    stand_in.__dict__.update(param.__dict__)
+                    stand_ins[id(param)] = stand_in
+                swapped.append((module, name, param))
+                module._parameters[name] = stand_in
+        yield
+    finally:
+        for module, name, param in swapped:
+            module._parameters[name] = param
+
+
+def _floating_only(model: torch.nn.Module) -> bool:
+    return all(p.dtype.is_floating_point for p in model.parameters())
+
+
+def check_loadable(
+    model: torch.nn.Module,
+    tensors: Sequence[Tuple[str, torch.dtype, Tuple[int, ...]]],
+) -> Optional[str]:
+    """Run the model's loader over meta tensors of `(name, dtype, shape)`.
+
+    Raises LoadCheckError naming the first tensor the loader rejects. Returns
+    None when the loader accepted everything, or a note when the loader needs
+    real data and so could not be checked (the update is then not refused).
+    """
+    floating_only = _floating_only(model)
+    for index, (name, dtype, _) in enumerate(tensors):
+        if dtype in _NEVER_LOADABLE or dtype.is_complex:
+            raise LoadCheckError(
+                f"dtype {dtype} cannot be loaded into {name!r}", index, "dtypes"
+            )
+        if floating_only and not dtype.is_floating_point:
+            raise LoadCheckError(
+                f"dtype {dtype} cannot be loaded into {name!r}: the model's "
+                f"parameters are all floating point",
+                index,
+                "dtypes",
+            )
+
+    position = [-1]
+
+    def meta_weights() -> Iterator[Tuple[str, torch.Tensor]]:
+        for index, (name, dtype, shape) in enumerate(tensors):
+            position[0] = index
+            yield name, torch.empty(shape, dtype=dtype, device="meta")
+
+    try:
+        with _parameters_on_meta(model), torch.no_grad():
+            model.load_weights(meta_weights())
+    except Exception as e:
+        index = max(position[0], 0)
+        message = f"{type(e).__name__}: {e}"
+        if any(limit in message for limit in _META_LIMITS):
+            note = (
+                f"the model's loader could not be checked without data "
+                f"({message.splitlines()[0]})"
+            )
+            logger.warning(f"weight update load check skipped: {note}")
+            return note
+        name, dtype, shape = tensors[index]
+        raise LoadCheckError(
+            f"the model cannot load {name!r} as {dtype} {list(shape)}: "
+            f"{message.splitlines()[0]}",
+            index,
+            "shapes",
+        ) from e
+    return None

@@ -1,0 +1,337 @@
+"""Two-phase updates under the calls a buggy or dying trainer makes: every
+check that could fail the apply runs at prepare, a cache flush under load
+gets coherent semantics, a session owns its group (destroy, re-init and a
+single-phase update cannot pull it away), and an unknown group is a 400, not
+a dead server. Real server on CPU, trainer over gloo."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import threading
+import time
+
+import pytest
+import requests
+import torch
+
+from harness.cpu_sglang import free_port
+from harness.trainer import GlooTrainer, update_two_phase
+from harness.weights import randomized
+from rlsync import client
+from rlsync.planner import plan_buckets
+
+pool = cf.ThreadPoolExecutor(max_workers=8)
+
+
+def post(url: str, endpoint: str, payload: dict, timeout: float = 60):
+    return requests.post(url + endpoint, json=payload, timeout=timeout)
+
+
+def checksum(url: str) -> str:
+    return client.weights_checksum(url)["checksum"]
+
+
+def generate(url: str, text: str, n: int = 8, timeout: float = 60) -> list[int]:
+    resp = requests.post(
+        url + "/generate",
+        json={"text": text, "sampling_params": {"max_new_tokens": n, "temperature": 0}},
+        timeout=timeout,
+    )
+    resp.raise_for_status()
+    return resp.json()["output_ids"]
+
+
+def no_session_open(url: str, group: str) -> bool:
+    return post(url, "/abort_weights_update", {"group_name": group}).status_code == 409
+
+
+def full_metadata(weights, **overrides) -> dict:
+    """One bucket with every tensor, the way a trainer sends a whole model;
+    overrides: {name: {"shapes": [...]} or {"dtypes": "..."}}."""
+    names, dtypes, shapes = [], [], []
+    for name, tensor in weights:
+        names.append(name)
+        dtypes.append(overrides.get(name, {}).get("dtypes", str(tensor.dtype)[6:]))
+        shapes.append(overrides.get(name, {}).get("shapes", list(tensor.shape)))
+    return {"names": names, "dtypes": dtypes, "shapes": shapes}
+
+
+@pytest.fixture
+def trainer_tp1(server_tp1):
+    trainer = GlooTrainer([server_tp1.url], [1], group_name=f"seq_{free_port()}")
+    yield trainer
+    trainer.close()
+
+
+# --- all-or-nothing: whatever can fail the apply fails at prepare ----------
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_wrong_shape_or_dtype_is_refused_at_prepare(
+    tp, server_tp1, server_tp2, model_weights
+):
+    server = server_tp1 if tp == 1 else server_tp2
+    trainer = GlooTrainer([server.url], [tp], group_name=f"shape_{tp}")
+    last = model_weights[-1][0]
+    cases = [
+        # The last tensor of a whole-model bucket: the apply would have
+        # written every tensor before it.
+        ({last: {"shapes": [512, 63]}}, "buckets[0].shapes[{i}]", last),
+        ({"model.norm.weight": {"shapes": []}}, "buckets[0].shapes[{i}]", None),
+        ({"model.norm.weight": {"shapes": [0, 2**70]}}, "buckets[0].shapes[{i}]", None),
+        ({"model.norm.weight": {"dtypes": "qint8"}}, "buckets[0].dtypes[{i}]", None),
+        ({"model.norm.weight": {"dtypes": "int8"}}, "buckets[0].dtypes[{i}]", None),
+        ({"model.norm.weight": {"dtypes": "bool"}}, "buckets[0].dtypes[{i}]", None),
+    ]
+    names = [n for n, _ in model_weights]
+    try:
+        before = checksum(server.url)
+        for overrides, field, _ in cases:
+            (name,) = overrides
+            meta = full_metadata(model_weights, **overrides)
+            resp = post(
+                server.url,
+                "/prepare_weights_update",
+                {"num_buckets": 1, "buckets": [meta], "group_name": trainer.group_name},
+            )
+            assert resp.status_code == 400, (overrides, resp.text)
+            message = resp.json()["message"]
+            assert field.format(i=names.index(name)) in message, (overrides, message)
+            assert name in message
+            assert no_session_open(server.url, trainer.group_name)
+        assert checksum(server.url) == before
+        # A correct update still goes through on the same group.
+        (result,) = update_two_phase(trainer, randomized(model_weights, seed=21))
+        assert result.success and result.applied
+        update_two_phase(trainer, model_weights)
+        assert checksum(server.url) == before
+    finally:
+        trainer.close()
+
+
+# --- flush_cache under load -------------------------------------------------
+
+SHARED_PREFIX = "The quick brown fox jumps over the lazy dog; " * 3
+
+
+def test_flush_cache_under_load_drains_then_flushes(
+    server_tp1, trainer_tp1, model_weights
+):
+    """A long request is in flight and a prefix is cached under the old
+    weights; complete(flush_cache=true) lets the long request finish, applies,
+    flushes, and a new request sharing the prefix is computed afresh."""
+    url = server_tp1.url
+    generate(url, SHARED_PREFIX + "A")  # caches the prefix under the old weights
+    new = randomized(model_weights, seed=31)
+    buckets = plan_buckets(new, 1 << 20)
+    meta = [b.meta() for b in buckets]
+    client.prepare_weights_update(
+        url, meta, group_name=trainer_tp1.group_name, weight_version="flushed-1"
+    )
+    for b in buckets:
+        for t in b.tensors:
+            torch.distributed.broadcast(t.contiguous(), src=0, group=trainer_tp1.group)
+
+    first_chunk = threading.Event()
+    long_answer: dict = {}
+
+    def long_request():
+        with requests.post(
+            url + "/generate",
+            json={
+                "text": "long",
+                "sampling_params": {
+                    "max_new_tokens": 160,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+                "stream": True,
+            },
+            stream=True,
+            timeout=120,
+        ) as resp:
+            long_answer["status"] = resp.status_code
+            for line in resp.iter_lines():
+                if line.startswith(b"data:") and line != b"data: [DONE]":
+                    first_chunk.set()
+                    long_answer["last"] = json.loads(line[5:])
+        first_chunk.set()
+
+    streaming = pool.submit(long_request)
+    assert first_chunk.wait(60)
+    completing = pool.submit(
+        post,
+        url,
+        "/complete_weights_update",
+        {"group_name": trainer_tp1.group_name, "flush_cache": True},
+    )
+    # The new request arrives while complete waits for the long one.
+    deadline = time.monotonic() + 60
+    while "complete_weights_update" not in requests.get(url + "/health").text:
+        assert time.monotonic() < deadline, "complete never started"
+        time.sleep(0.05)
+    newer = pool.submit(generate, url, SHARED_PREFIX + "A")
+
+    answer = completing.result(timeout=120)
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["success"] and body["applied"], body
+    assert body["weight_version"] == "flushed-1"
+    assert client.get_weight_version(url) == "flushed-1"
+    streaming.result(timeout=120)
+    assert long_answer["status"] == 200
+    assert len(long_answer["last"]["output_ids"]) == 160  # not cut short
+    served = newer.result(timeout=60)
+
+    # A fresh computation on the new weights: the same prompt on an emptied cache.
+    assert requests.post(url + "/flush_cache", timeout=30).status_code == 200
+    assert served == generate(url, SHARED_PREFIX + "A")
+    update_two_phase(trainer_tp1, model_weights)
+
+
+def test_flush_cache_with_drain_false_is_refused_before_anything(
+    server_tp1, trainer_tp1, model_weights
+):
+    url = server_tp1.url
+    before = checksum(url)
+    new = randomized(model_weights, seed=32)
+    buckets = plan_buckets(new, 1 << 20)
+    client.prepare_weights_update(
+        url, [b.meta() for b in buckets], group_name=trainer_tp1.group_name
+    )
+    for b in buckets:
+        for t in b.tensors:
+            torch.distributed.broadcast(t.contiguous(), src=0, group=trainer_tp1.group)
+    resp = post(
+        url,
+        "/complete_weights_update",
+        {"group_name": trainer_tp1.group_name, "flush_cache": True, "drain": False},
+    )
+    assert resp.status_code == 400
+    assert resp.json()["message"].startswith("flush_cache:")
+    assert not resp.json()["applied"]
+    assert checksum(url) == before
+    # The session is still there: complete it in place.
+    done = post(url, "/complete_weights_update", {"group_name": trainer_tp1.group_name})
+    assert done.status_code == 200 and done.json()["applied"]
+    assert checksum(url) != before
+    update_two_phase(trainer_tp1, model_weights)
+    assert checksum(url) == before
+
+
+# --- a session owns its group -----------------------------------------------
+
+
+def test_destroy_during_an_open_session_aborts_it_and_never_blocks_serving(
+    server_tp1, model_weights
+):
+    url = server_tp1.url
+    group = f"destroyed_{free_port()}"
+    trainer = GlooTrainer([url], [1], group_name=group)
+    before = checksum(url)
+    meta = [b.meta() for b in plan_buckets(model_weights, 1 << 20)]
+    client.prepare_weights_update(url, meta, group_name=group)
+    # The receiver is waiting for bytes that never come; the trainer is alive.
+    resp = post(url, "/destroy_weights_update_group", {"group_name": group}, 30)
+    assert resp.status_code == 200, resp.text
+    assert "aborted" in resp.json()["message"]
+    generate(url, "still serving", timeout=30)
+    assert no_session_open(url, group)
+    assert checksum(url) == before
+    # The trainer re-initialises the same name and syncs.
+    torch.distributed.destroy_process_group(trainer.group)
+    trainer = GlooTrainer([url], [1], group_name=group)
+    try:
+        (result,) = update_two_phase(trainer, randomized(model_weights, seed=41))
+        assert result.success and result.applied
+        update_two_phase(trainer, model_weights)
+        assert checksum(url) == before
+    finally:
+        trainer.close()
+
+
+def test_an_open_session_keeps_its_group(server_tp1, trainer_tp1, model_weights):
+    url, group = server_tp1.url, trainer_tp1.group_name
+    meta = [b.meta() for b in plan_buckets(model_weights, 1 << 20)]
+    client.prepare_weights_update(url, meta, group_name=group)
+    again = post(
+        url,
+        "/init_weights_update_group",
+        {
+            "master_address": "127.0.0.1",
+            "master_port": free_port(),
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": group,
+            "backend": "gloo",
+            "timeout": 5,
+        },
+    )
+    assert again.status_code == 400
+    assert "a weight update session is open" in again.json()["message"]
+    single = post(
+        url,
+        "/update_weights_from_distributed",
+        {
+            "names": ["model.norm.weight"],
+            "dtypes": ["bfloat16"],
+            "shapes": [[64]],
+            "group_name": group,
+        },
+    )
+    assert single.status_code == 400
+    assert "a weight update session is open" in single.json()["message"]
+    aborted = post(url, "/abort_weights_update", {"group_name": group})
+    assert aborted.status_code == 200
+
+
+# --- an unknown group is an error for the caller, not the end of the server
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_unknown_or_empty_group_is_400_and_the_server_lives(
+    tp, server_tp1, server_tp2, model_weights
+):
+    server = server_tp1 if tp == 1 else server_tp2
+    update = post(
+        server.url,
+        "/update_weights_from_distributed",
+        {
+            "names": ["model.norm.weight"],
+            "dtypes": ["bfloat16"],
+            "shapes": [[64]],
+            "group_name": "no-such-group",
+        },
+    )
+    assert update.status_code == 400
+    assert "group_name: no update group 'no-such-group'" in update.json()["message"]
+    empty = post(
+        server.url,
+        "/init_weights_update_group",
+        {
+            "master_address": "127.0.0.1",
+            "master_port": free_port(),
+            "rank_offset": 1,
+            "world_size": 1 + tp,
+            "group_name": "",
+            "backend": "gloo",
+        },
+    )
+    assert empty.status_code == 400
+    assert "group_name: must not be empty" in empty.json()["message"]
+    destroy = post(
+        server.url, "/destroy_weights_update_group", {"group_name": "no-such-group"}
+    )
+    assert destroy.status_code == 400
+    assert server.alive()
+    generate(server.url, "alive")
+    trainer = GlooTrainer([server.url], [tp], group_name=f"after_unknown_{tp}")
+    try:
+        before = checksum(server.url)
+        (result,) = update_two_phase(trainer, randomized(model_weights, seed=51))
+        assert result.success and result.applied
+        update_two_phase(trainer, model_weights)
+        assert checksum(server.url) == before
+    finally:
+        trainer.close()
