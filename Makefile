@@ -10,11 +10,12 @@ WHEEL    := dist/sglang-$(VERSION)+rlsync.$(SERIES)-py3-none-any.whl
 PYTEST_ARGS ?=
 
 .PHONY: help upstream worktree patches overlay check apply revert pr-branch \
-        venv wheel install test demo format clean bench-cpu
+        venv wheel install test demo soak format clean bench-cpu
 
 help:
 	@echo "make test                       venv + wheel + the whole suite (real SGLang on CPU)"
 	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
+	@echo "make soak                       30 syncs with random faults into TP 1 + TP 2 under load, checked (bench/results/)"
 	@echo "make upstream                   fetch + verify + unpack the pinned sdist (build/upstream/python)"
 	@echo "make worktree                   build/work: git repo at the pin, one commit per patch"
 	@echo "make patches                    re-export patches/ from build/work (deterministic)"
@@ -69,6 +70,9 @@ clean:
 
 demo: install
 	@$(VENV_PY) -m harness.demo
+
+soak: install
+	@$(VENV_PY) -m harness.soak
 
 bench-cpu: install
 	@$(VENV_PY) bench/cpu_sync.py
