@@ -91,6 +91,28 @@ def save_checkpoint(src: Path, dest: Path, weights: Weights) -> Path:
     return dest
 
 
+def prepare_with_a_wrong_expert_shape(
+    url: str, weights: Weights, group: str
+) -> requests.Response:
+    """One whole-model bucket whose last expert tensor (last tensor for dense
+    models) has a wrong first dimension: the loader must refuse it at
+    prepare, before anything is written."""
+    names = [n for n, _ in weights]
+    last = max(range(len(names)), key=lambda i: ("experts" in names[i], i))
+    shapes = [list(t.shape) for _, t in weights]
+    shapes[last][0] += 1
+    meta = {
+        "names": names,
+        "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in weights],
+        "shapes": shapes,
+    }
+    return requests.post(
+        url + "/prepare_weights_update",
+        json={"num_buckets": 1, "buckets": [meta], "group_name": group},
+        timeout=60,
+    )
+
+
 def state(url: str) -> tuple[str, list[int]]:
     """(weights checksum, greedy token ids) of what the server holds now."""
     return client.weights_checksum(url)["checksum"], greedy(url, PROMPT, NEW_TOKENS)
@@ -121,19 +143,19 @@ def test_two_phase_sync_equals_upstream_disk_load(
     )
     sender.connect()
     try:
-        result = sender.sync(new, weight_version="two-phase")
+        # flush_cache: the prompt's KV, cached before the sync, must not be
+        # reused (the default applies in place and keeps it).
+        result = sender.sync(new, weight_version="two-phase", flush_cache=True)
+        refused = prepare_with_a_wrong_expert_shape(url, new, sender.group_name)
     finally:
         sender.close()
+    assert refused.status_code == 400, refused.text
+    assert "in the served checkpoint, not" in refused.json()["message"]
     assert result.success, result.engines
     assert result.buckets > 1
     assert result.bytes == sum(t.numel() * t.element_size() for _, t in new)
     two_phase = state(url)
     assert client.get_weight_version(url) == "two-phase"
-    # The prompt's KV is in the radix cache from before the sync; a flushed
-    # cache shows what the new weights alone generate.
-    flush = requests.post(url + "/flush_cache", timeout=60)
-    assert flush.status_code == 200, flush.text
-    two_phase_flushed = greedy(url, PROMPT, NEW_TOKENS)
 
     # (b) the oracle: upstream's disk loader, back to the original, then the new.
     client.update_weights_from_disk(url, str(model_dir))
@@ -142,16 +164,9 @@ def test_two_phase_sync_equals_upstream_disk_load(
     oracle = state(url)
 
     assert two_phase[0] != served[0], "the new weights differ from the original"
-    assert two_phase_flushed != served[1], "the greedy output changes with them"
+    assert two_phase[1] != served[1], "the greedy output changes with them"
     assert two_phase[0] == oracle[0], (
         f"{family} at TP {tp}: checksum after the two-phase sync {two_phase[0]} "
         f"!= after upstream's disk load {oracle[0]}"
     )
-    assert two_phase_flushed == oracle[1], "same weights, same greedy output"
-    if two_phase[1] != oracle[1]:
-        pytest.xfail(
-            "known bug: after a two-phase sync (WeightSender.sync: complete with "
-            "flush_cache=false) a prompt whose prefix was cached before the sync "
-            f"reuses KV computed with the old weights: {two_phase[1]} != "
-            f"{oracle[1]} (equal once the cache is flushed)"
-        )
+    assert two_phase[1] == oracle[1], "same weights, same greedy output"

@@ -421,7 +421,7 @@ def complete_weights_update(
     weight_version: Optional[str] = None,
     apply: bool = True,
     wait_timeout: Optional[float] = None,
-    drain: bool = False,
+    drain: Optional[bool] = None,
     release_staging: bool = False,
     timeout: float = 600.0,
     admin_key: Optional[str] = None,
@@ -499,6 +499,20 @@ def rlsync_info(
     if not isinstance(body, dict) or "features" not in body:
         raise EngineError(url, endpoint, 200, f"no features in {body!r}")
     return body
+
+
+def update_group_ranks(
+    url: str, *, timeout: float = 10.0, api_key: Optional[str] = None
+) -> int:
+    """The ranks the server brings to an update group, from `/server_info`:
+    dp_size * tp_size (attention data parallelism shares the TP ranks)."""
+    info = call(url, "/server_info", method="GET", timeout=timeout, api_key=api_key)
+    if not isinstance(info, dict):
+        raise EngineError(url, "/server_info", 200, f"not a JSON object: {info!r}")
+    tp, dp = info.get("tp_size"), info.get("dp_size", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tp, dp)):
+        raise EngineError(url, "/server_info", 200, f"tp_size {tp!r}, dp_size {dp!r}")
+    return tp * (1 if info.get("enable_dp_attention") else dp)
 
 
 def require_features(

@@ -46,7 +46,7 @@ class BucketMetadata:
     names: list[str]
     dtypes: list[str]  # e.g. "bfloat16", "float32"
     shapes: list[list[int]]
-    digest: Optional[str] = None  # "wsum64:<s1>:<s2>", checked before apply
+    digest: Optional[str] = None  # "psum61:<s1>:<s2>", checked before apply
 
     def __post_init__(self):
         assert (
@@ -97,7 +97,8 @@ class CompleteWeightsUpdateRequest:
     weight_version: Optional[str] = None
     apply: bool = True  # False: wait and verify only
     timeout: Optional[float] = None  # server-side wait for the last bucket
-    drain: bool = False  # let in-flight requests finish before applying
+    # Let in-flight requests finish before applying; None: only with flush_cache
+    drain: Optional[bool] = None
     release_staging: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -106,9 +107,10 @@ class CompleteWeightsUpdateRequest:
 
 @dataclass
 class RankResult:
-    rank: int
+    rank: int  # the TP rank
     success: bool
     message: str = ""
+    dp_rank: Optional[int] = None  # with data parallelism
 
 
 @dataclass
@@ -118,6 +120,7 @@ class CompleteWeightsUpdateResponse:
     message: str = ""
     applied: bool = False
     ready_to_apply: bool = False
+    weight_version: Optional[str] = None  # the served version, once applied
     stats: dict[str, Any] = field(default_factory=dict)
     rank_results: list[RankResult] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -135,7 +138,13 @@ class CompleteWeightsUpdateResponse:
 def _rank_result(r: Any) -> RankResult:
     if not isinstance(r, dict) or "rank" not in r or "success" not in r:
         raise ProtocolError(f"rank_results: malformed entry {r!r}")
-    return RankResult(int(r["rank"]), bool(r["success"]), str(r.get("message", "")))
+    dp_rank = r.get("dp_rank")
+    return RankResult(
+        int(r["rank"]),
+        bool(r["success"]),
+        str(r.get("message", "")),
+        None if dp_rank is None else int(dp_rank),
+    )
 
 
 @dataclass

@@ -87,6 +87,7 @@ VERSIONED_ROUTES = (
 class Worker:
     url: str
     tp_size: int = 1
+    dp_size: int = 1
     dead: bool = False
     disabled: bool = False
     reason: str = ""
@@ -96,6 +97,11 @@ class Worker:
     weight_version: Optional[str] = None
     in_flight: int = 0
     routed: int = 0
+
+    @property
+    def ranks(self) -> int:
+        """Its ranks in an update group: every DP replica's TP ranks."""
+        return self.tp_size * self.dp_size
 
     @property
     def routable(self) -> bool:
@@ -188,16 +194,24 @@ class Router:
         self.log("unreadable", w.url, f"{field}: {detail}")
 
     async def read_tp_size(self, w: Worker) -> None:
-        """The worker's TP size (rank offsets need it); 1 when unreadable."""
+        """The worker's TP and DP sizes (rank offsets need them); 1 when
+        unreadable."""
         try:
-            tp_size = await self.read_field(w, "/server_info", "tp_size")
-            if isinstance(tp_size, bool) or not isinstance(tp_size, int):
-                raise LookupError(f"tp_size is {tp_size!r}, not an integer")
-            if tp_size < 1:
-                raise LookupError(f"tp_size is {tp_size}")
-            w.tp_size = tp_size
+            info = await self.read_answer(w, "/server_info")
         except LookupError as e:
             self.unreadable(w, "/server_info", "tp_size", str(e), f"{w.tp_size}")
+            return
+        for field in ("tp_size", "dp_size"):
+            value = info.get(field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                why = f"{field} is {value!r}, not an integer >= 1"
+                self.unreadable(w, "/server_info", field, why, "1")
+                value = 1
+            else:
+                self._unread.discard((w.url, field))
+            setattr(w, field, value)
+        if info.get("enable_dp_attention"):
+            w.dp_size = 1  # attention DP shares one TP group: its ranks are TP's
 
     async def _version(self, w: Worker) -> tuple[bool, Optional[str]]:
         """(True, the worker's weight version) or (False, None), warned."""
@@ -367,17 +381,17 @@ class Router:
             return [body] * len(targets)
         # The group spans the trainer and the live workers, in worker order.
         base = _int_field(body, "rank_offset", 1)
-        want = base + sum(w.tp_size for w in targets)
+        want = base + sum(w.ranks for w in targets)
         world_size = _int_field(body, "world_size", want)
         if world_size != want:
             raise ValueError(
                 f"world_size: {world_size} but the trainer's {base} "
-                f"rank(s) and the live workers' TP sizes make {want}"
+                f"rank(s) and the live workers' ranks (DP x TP) make {want}"
             )
         out, offset = [], base
         for w in targets:
             out.append({**body, "rank_offset": offset})
-            offset += w.tp_size
+            offset += w.ranks
         return out
 
     async def _broadcast(

@@ -78,6 +78,13 @@ class Engine:
     tp_size: int = 1
     admin_key: Optional[str] = field(default=None, repr=False)
     api_key: Optional[str] = field(default=None, repr=False)
+    # --dp-size: every DP replica's TP ranks join the update group
+    dp_size: int = 1
+
+    @property
+    def ranks(self) -> int:
+        """The engine's ranks in the update group (dp_size * tp_size)."""
+        return self.dp_size * self.tp_size
 
     @property
     def keys(self) -> dict[str, Optional[str]]:
@@ -212,7 +219,7 @@ class WeightSender:
         self.group_name, self.backend = group_name, backend
         self.bucket_bytes, self.digests = bucket_bytes, digests
         self.device, self.timeout = device, timeout
-        self.world_size = 1 + sum(e.tp_size for e in engines)
+        self.world_size = 1 + sum(e.ranks for e in engines)
         self.group: Optional[dist.ProcessGroup] = None
         self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(engines)))
 
@@ -240,6 +247,18 @@ class WeightSender:
         ):
             if isinstance(res, Exception):
                 raise SyncError("connect", str(res))
+        for engine, res in self._each(
+            lambda e: client.update_group_ranks(e.url, api_key=e.api_key)
+        ):
+            if isinstance(res, Exception):
+                raise SyncError("connect", str(res))
+            if res != engine.ranks:
+                raise SyncError(
+                    "connect",
+                    f"{engine.url} brings {res} rank(s) to the update group "
+                    f"(dp_size x tp_size), but Engine(tp_size={engine.tp_size}, "
+                    f"dp_size={engine.dp_size}) counts {engine.ranks}",
+                )
         futures = self._init_engines()
         join = GroupJoin(
             self.master_address,
@@ -290,7 +309,7 @@ class WeightSender:
                 **e.keys,
             )
             futures.append((e, future))
-            offset += e.tp_size
+            offset += e.ranks
         return futures
 
     @staticmethod
@@ -332,10 +351,14 @@ class WeightSender:
         weight_version: Optional[str] = None,
         atomic: bool = False,
         progress: Union[bool, Progress] = False,
+        flush_cache: bool = False,
     ) -> SyncResult:
         """Push `weights` (a module, a state dict or (name, tensor) pairs) to
         every engine. `atomic`: no engine applies until all have verified.
-        `progress`: True for a bar over buckets, or a callable."""
+        `progress`: True for a bar over buckets, or a callable. `flush_cache`:
+        in-flight requests finish on the old weights, then every engine
+        applies and empties its prefix cache, so no request reuses KV
+        computed under the old weights (default: apply in place)."""
         assert self.group is not None, "call connect() first"
         report = progress_bar() if progress is True else (progress or None)
         buckets = plan_buckets(named_tensors(weights), self.bucket_bytes)
@@ -403,6 +426,7 @@ class WeightSender:
                 e.url,
                 group_name=self.group_name,
                 weight_version=weight_version,
+                flush_cache=flush_cache,
                 **e.keys,
             )
         )

@@ -29,7 +29,11 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.weight_update_health import (
     pause_watchdogs_during_weight_update,
 )
-from sglang.srt.weight_sync.load_check import LoadCheckError, check_loadable
+from sglang.srt.weight_sync.load_check import (
+    LoadCheckError,
+    check_checkpoint_shapes,
+    check_loadable,
+)
 from sglang.srt.weight_sync.staged_receiver import (
     StagedWeightReceiver,
     StagingPool,
@@ -91,6 +95,8 @@ class SchedulerTwoPhaseUpdateMixin:
 
     def _gather_rank_results(self: Scheduler, result: Dict[str, Any]) -> List[Dict]:
         result = {"rank": self.tp_rank, **result}
+        if self.server_args.dp_size > 1:
+            result["dp_rank"] = self.dp_rank
         if self.tp_size == 1:
             return [result]
         gathered: List[Optional[Dict]] = [None] * self.tp_size
@@ -150,7 +156,7 @@ class SchedulerTwoPhaseUpdateMixin:
                     f"--weight-update-staging-budget-mb of {budget} MiB",
                     status_code=413,
                 )
-            _check_loadable(model_runner.model, buckets)
+            _check_loadable(model_runner.model, self.server_args.model_path, buckets)
             if self._two_phase_pool is None:
                 self._two_phase_pool = StagingPool(model_runner.device)
             receiver = StagedWeightReceiver(
@@ -279,16 +285,6 @@ class SchedulerTwoPhaseUpdateMixin:
                 rank_results=_rank_summary(results),
             )
         session.verified = True
-        if not recv_req.apply:
-            return CompleteWeightsUpdateReqOutput(
-                success=True,
-                num_buckets_received=num_received,
-                message="received and verified; not applied (apply=false)",
-                ready_to_apply=True,
-                stats=stats,
-                rank_results=_rank_summary(results),
-            )
-
         # 2. A cache flush needs an idle scheduler: check before applying.
         if recv_req.flush_cache:
             busy = self._gather_rank_results({"busy": not self.is_fully_idle()})
@@ -310,6 +306,16 @@ class SchedulerTwoPhaseUpdateMixin:
                     ready_to_apply=True,
                     stats=stats,
                 )
+
+        if not recv_req.apply:
+            return CompleteWeightsUpdateReqOutput(
+                success=True,
+                num_buckets_received=num_received,
+                message="received and verified; not applied (apply=false)",
+                ready_to_apply=True,
+                stats=stats,
+                rank_results=_rank_summary(results),
+            )
 
         # 3. Apply, in one step between two batches, on every rank.
         t2 = time.perf_counter()
@@ -434,11 +440,14 @@ class SchedulerTwoPhaseUpdateMixin:
         )
 
 
-def _check_loadable(model, buckets: List) -> None:
-    """Fail prepare, naming the field, for anything the apply would reject."""
+def _check_loadable(model, model_path: str, buckets: List) -> None:
+    """Fail prepare, naming the field, for anything the apply would reject
+    or would load wrongly."""
     specs = [(b.index, i, t) for b in buckets for i, t in enumerate(b.tensors)]
+    tensors = [(t.name, t.dtype, t.shape) for _, _, t in specs]
     try:
-        check_loadable(model, [(t.name, t.dtype, t.shape) for _, _, t in specs])
+        check_checkpoint_shapes(model_path, tensors)
+        check_loadable(model, tensors)
     except LoadCheckError as e:
         bucket, position, _ = specs[e.index]
         raise WeightsUpdateError(f"buckets[{bucket}].{e.field}[{position}]: {e}")
@@ -453,7 +462,5 @@ def _join_messages(failed: List[Dict], tp_size: int) -> str:
 
 
 def _rank_summary(results: List[Dict]) -> List[Dict[str, Any]]:
-    return [
-        {"rank": r["rank"], "success": r["success"], "message": r["message"]}
-        for r in results
-    ]
+    keys = ("dp_rank", "rank", "success", "message")
+    return [{k: r[k] for k in keys if k in r} for r in results]

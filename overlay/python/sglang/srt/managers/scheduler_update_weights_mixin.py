@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
 from typing import TYPE_CHECKING, Tuple
@@ -73,6 +74,11 @@ class SchedulerUpdateWeightsMixin:
         )
         if conflict:
             return InitWeightsUpdateGroupReqOutput(False, conflict)
+        if self.server_args.dp_size > 1 and not self.server_args.enable_dp_attention:
+            # Every DP replica's TP ranks join: rank_offset + dp_rank * tp + tp_rank.
+            recv_req = dataclasses.replace(
+                recv_req, rank_offset=recv_req.rank_offset + self.dp_rank * self.tp_size
+            )
         success, message = self.tp_worker.init_weights_update_group(recv_req)
         return InitWeightsUpdateGroupReqOutput(success, message)
 

@@ -14,7 +14,7 @@ import asyncio
 import dataclasses
 import time
 from contextlib import nullcontext
-from typing import TYPE_CHECKING, Any, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import fastapi
 
@@ -29,6 +29,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.scheduler_two_phase_update_mixin import (
     DEFAULT_COMPLETE_TIMEOUT,
 )
+from sglang.srt.managers.weight_op_results import rank_results_of
 from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.server_args import ServerArgs
 from sglang.utils import TypeBasedDispatcher
@@ -72,10 +73,13 @@ class TokenizerTwoPhaseUpdateMixin:
             ]
         )
 
-    def _check_two_phase_supported(self: TokenizerManager):
-        assert (
-            self.server_args.dp_size == 1
-        ), "dp_size must be 1 for the two-phase weight update"
+    def _two_phase_unsupported(self: TokenizerManager) -> Optional[str]:
+        if self.server_args.enable_dp_attention:
+            return (
+                "--enable-dp-attention: the two-phase weight update does not "
+                "support attention data parallelism; nothing was done"
+            )
+        return None
 
     @track_weight_update("prepare_weights_update")
     async def prepare_weights_update(
@@ -84,11 +88,28 @@ class TokenizerTwoPhaseUpdateMixin:
         request: Optional[fastapi.Request] = None,
     ) -> PrepareWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
-        self._check_two_phase_supported()
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return PrepareWeightsUpdateReqOutput(
+                status="error", message=unsupported, status_code=400
+            )
         # An open session is not a running operation for the health check:
         # serving goes on while the bytes arrive, and a trainer that died
         # after prepare must not make a serving worker unhealthy.
-        return (await self.prepare_weights_update_communicator(obj))[0]
+        results = await self.prepare_weights_update_communicator(obj)
+        failed = [r for r in results if r.status != "ready"]
+        if not failed:
+            return dataclasses.replace(
+                results[0],
+                staging_reused=all(r.staging_reused for r in results),
+            )
+        if len(failed) < len(results):
+            # Validation is the same on every DP replica, so this is rare:
+            # leave no replica with a session the others lack.
+            await self.abort_weights_update_communicator(
+                AbortWeightsUpdateReqInput(group_name=obj.group_name)
+            )
+        return failed[0]
 
     @track_weight_update("complete_weights_update")
     async def complete_weights_update(
@@ -97,7 +118,11 @@ class TokenizerTwoPhaseUpdateMixin:
         request: Optional[fastapi.Request] = None,
     ) -> CompleteWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
-        self._check_two_phase_supported()
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return CompleteWeightsUpdateReqOutput(
+                success=False, message=unsupported, status_code=400
+            )
         drain = obj.flush_cache if obj.drain is None else obj.drain
         if obj.apply and obj.flush_cache and not drain:
             return CompleteWeightsUpdateReqOutput(
@@ -127,27 +152,53 @@ class TokenizerTwoPhaseUpdateMixin:
     async def _complete_without_blocking_scheduler(
         self: TokenizerManager, obj: CompleteWeightsUpdateReqInput
     ) -> CompleteWeightsUpdateReqOutput:
-        """Until the last bucket is in, each attempt blocks the scheduler for
-        at most SCHEDULER_WAIT_S, so generation goes on between attempts."""
+        """Verify on every DP replica, then apply on every replica: none
+        applies unless all hold every byte (and, for a cache flush, are idle).
+        Until then each attempt blocks a scheduler for at most
+        SCHEDULER_WAIT_S, so generation goes on between attempts."""
         timeout = DEFAULT_COMPLETE_TIMEOUT if obj.timeout is None else obj.timeout
         deadline = time.monotonic() + timeout
-        attempt = dataclasses.replace(obj, scheduler_wait_s=SCHEDULER_WAIT_S)
+        verify = dataclasses.replace(
+            obj,
+            apply=False,
+            flush_cache=obj.apply and obj.flush_cache,
+            scheduler_wait_s=SCHEDULER_WAIT_S,
+        )
         while True:
-            result = (await self.complete_weights_update_communicator(attempt))[0]
-            if not result.pending:
-                return result
+            results = await self.complete_weights_update_communicator(verify)
+            failed = [r for r in results if not r.success and not r.pending]
+            if failed:
+                if not all(r.session_open for r in failed):
+                    # A replica discarded its transfer: discard it everywhere.
+                    await self._abort_sessions_left_open(results, obj.group_name)
+                return _merge_complete(results)
+            if not any(r.pending for r in results):
+                break
             if time.monotonic() >= deadline:
-                # The session stays open: complete again, or abort.
+                # The sessions stay open: complete again, or abort.
+                received = min(r.num_buckets_received for r in results)
                 return CompleteWeightsUpdateReqOutput(
                     success=False,
-                    num_buckets_received=result.num_buckets_received,
-                    message=f"timed out after {timeout:g}s with "
-                    f"{result.num_buckets_received} buckets received; "
+                    num_buckets_received=received,
+                    message=f"timed out after {timeout:g}s with {received} "
+                    f"buckets received (or requests still in flight); "
                     f"complete again or abort",
                     status_code=400,
                     session_open=True,
                 )
             await asyncio.sleep(SCHEDULER_WAIT_S)
+        if not obj.apply:
+            return _merge_complete(results)
+        apply = dataclasses.replace(obj, scheduler_wait_s=SCHEDULER_WAIT_S)
+        return _merge_complete(await self.complete_weights_update_communicator(apply))
+
+    async def _abort_sessions_left_open(
+        self: TokenizerManager, results: List, group_name: str
+    ) -> None:
+        if any(r.session_open for r in results):
+            await self.abort_weights_update_communicator(
+                AbortWeightsUpdateReqInput(group_name=group_name)
+            )
 
     async def abort_weights_update(
         self: TokenizerManager,
@@ -155,8 +206,44 @@ class TokenizerTwoPhaseUpdateMixin:
         request: Optional[fastapi.Request] = None,
     ) -> AbortWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
-        self._check_two_phase_supported()
-        return (await self.abort_weights_update_communicator(obj))[0]
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return AbortWeightsUpdateReqOutput(
+                success=False, message=unsupported, status_code=400
+            )
+        results = await self.abort_weights_update_communicator(obj)
+        aborted = [r for r in results if r.success]
+        if not aborted:
+            return results[0]
+        return dataclasses.replace(
+            aborted[0], group_usable=all(r.group_usable for r in aborted)
+        )
+
+
+def _merge_complete(
+    results: List[CompleteWeightsUpdateReqOutput],
+) -> CompleteWeightsUpdateReqOutput:
+    """One answer for every DP replica (the only one without data parallelism)."""
+    if len(results) == 1:
+        return results[0]
+    failed = [r for r in results if not r.success]
+    first = failed[0] if failed else results[0]
+    applied = all(r.applied for r in results)
+    if failed and any(r.applied for r in results):
+        message = "some DP replicas applied and others did not: " + first.message
+    else:
+        message = first.message
+    return dataclasses.replace(
+        first,
+        success=not failed,
+        message=message,
+        num_buckets_received=min(r.num_buckets_received for r in results),
+        ready_to_apply=all(r.ready_to_apply for r in results),
+        applied=applied,
+        weight_version=first.weight_version if applied else None,
+        session_open=any(r.session_open for r in results),
+        rank_results=rank_results_of(results),
+    )
 
 
 def two_phase_response_content(

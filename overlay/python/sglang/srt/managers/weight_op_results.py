@@ -28,8 +28,18 @@ class RankedResult(tuple):
 
 
 def rank_results_of(outputs: Iterable[Any]) -> List[Dict[str, Any]]:
-    """Every rank's result from the outputs of all DP groups."""
-    return [r for out in outputs for r in getattr(out, "rank_results", None) or []]
+    """Every rank's result from the outputs of all DP groups, ordered by DP
+    rank then TP rank (DP groups answer in any order)."""
+    results = [r for out in outputs for r in getattr(out, "rank_results", None) or []]
+    return sorted(results, key=lambda r: (r.get("dp_rank", 0), r["rank"]))
+
+
+def rank_label(result: Dict[str, Any]) -> str:
+    """'TP rank 1', or 'DP rank 0 TP rank 1' under data parallelism."""
+    label = f"TP rank {result['rank']}"
+    if "dp_rank" in result:
+        label = f"DP rank {result['dp_rank']} {label}"
+    return label
 
 
 def gather_rank_results(handler):
@@ -45,7 +55,7 @@ def gather_rank_results(handler):
         failed = [r for r in results if not r["success"]]
         if failed and output.success:
             output.success = False
-            output.message = f"TP rank {failed[0]['rank']}: {failed[0]['message']}"
+            output.message = f"{rank_label(failed[0])}: {failed[0]['message']}"
         output.rank_results = results
         return output
 

@@ -8,12 +8,21 @@ with every parameter swapped for a meta stand-in carrying the same attributes
 (its `weight_loader`, shard dimensions, ...): whatever the loader would reject
 during the apply, it rejects here, and nothing real is read or written.
 
-Imports only torch.
+A loader may also accept a wrong shape silently (a sharded loader narrows
+an oversized tensor to its shard), so tensors named as in the served
+checkpoint must also have the checkpoint's shapes, read from the headers of
+its safetensors files.
+
+Imports only torch (and reads safetensors headers with the standard library).
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
+import os
+import struct
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -126,3 +135,43 @@ def check_loadable(
             "shapes",
         ) from e
     return None
+
+
+@functools.lru_cache(maxsize=4)
+def checkpoint_shapes(model_path: str) -> Dict[str, Tuple[int, ...]]:
+    """Tensor shapes by name from the headers of the safetensors files in a
+    local checkpoint directory ({} when there is none to read)."""
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    if not os.path.isdir(model_path):
+        return shapes
+    for file in sorted(os.listdir(model_path)):
+        if not file.endswith(".safetensors"):
+            continue
+        try:
+            with open(os.path.join(model_path, file), "rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length))
+        except (OSError, ValueError, struct.error) as e:
+            logger.warning(f"checkpoint shapes: cannot read {file}: {e}")
+            return {}
+        for name, entry in header.items():
+            if name != "__metadata__" and isinstance(entry, dict):
+                shapes[name] = tuple(entry.get("shape", ()))
+    return shapes
+
+
+def check_checkpoint_shapes(
+    model_path: str, tensors: Sequence[Tuple[str, torch.dtype, Tuple[int, ...]]]
+) -> None:
+    """Raise LoadCheckError for a tensor named as in the served checkpoint
+    whose shape differs from the checkpoint's."""
+    expected = checkpoint_shapes(model_path)
+    for index, (name, _, shape) in enumerate(tensors):
+        want = expected.get(name)
+        if want is not None and tuple(shape) != want:
+            raise LoadCheckError(
+                f"{name!r} has shape {list(want)} in the served checkpoint, "
+                f"not {list(shape)}",
+                index,
+                "shapes",
+            )

@@ -20,6 +20,7 @@ FEATURES = (
     "rlsync_info",  # 0006
     "rank_results",  # 0007: admin weight operations answer every TP rank
     "idle_scheduler_yields_to_receiver",  # 0008
+    "data_parallel_weight_update",  # 0010: every DP replica joins and applies
 )
 
 

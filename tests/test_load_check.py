@@ -1,0 +1,129 @@
+"""The load check run at prepare (weight_sync/load_check.py): the model's own
+loader over meta stand-ins rejects what the apply would reject, names the
+tensor, touches no real parameter, and says so when it cannot check."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from sglang.srt.weight_sync.load_check import (
+    LoadCheckError,
+    check_checkpoint_shapes,
+    check_loadable,
+    checkpoint_shapes,
+)
+
+
+class Tiny(torch.nn.Module):
+    """A loader in the style of SGLang's: a stacked parameter filled shard by
+    shard, a tied one, and a default loader that checks sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Parameter(torch.zeros(6, 4), requires_grad=False)
+        self.norm = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+        self.head = torch.nn.Linear(4, 3, bias=False)
+        self.embed = self.head.weight  # tied
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, w in weights:
+            for shard, part in enumerate(("q", "k", "v")):
+                if name == f"{part}.weight":
+                    target = params["qkv"].data.narrow(0, 2 * shard, 2)
+                    assert target.shape == w.shape, (target.shape, w.shape)
+                    target.copy_(w)
+                    break
+            else:
+                param = params[name]
+                assert param.shape == w.shape, (param.shape, w.shape)
+                param.data.copy_(w)
+
+
+def specs(*items):
+    return [(n, dtype, tuple(shape)) for n, dtype, shape in items]
+
+
+def test_a_good_update_passes_and_nothing_real_is_touched():
+    model = Tiny()
+    before = {n: (p, p.data_ptr(), p.clone()) for n, p in model.named_parameters()}
+    assert (
+        check_loadable(
+            model,
+            specs(
+                ("q.weight", torch.bfloat16, [2, 4]),
+                ("v.weight", torch.float32, [2, 4]),
+                ("embed", torch.bfloat16, [3, 4]),
+            ),
+        )
+        is None
+    )
+    after = dict(model.named_parameters())
+    for name, (param, ptr, values) in before.items():
+        assert after[name] is param and param.data_ptr() == ptr
+        assert param.device.type == "cpu" and torch.equal(param, values)
+    assert model.embed is model.head.weight
+
+
+def test_the_rejected_tensor_is_named_by_position():
+    model = Tiny()
+    with pytest.raises(LoadCheckError) as err:
+        check_loadable(
+            model,
+            specs(
+                ("q.weight", torch.bfloat16, [2, 4]),
+                ("norm", torch.bfloat16, [4]),
+                ("k.weight", torch.bfloat16, [2, 5]),
+            ),
+        )
+    assert err.value.index == 2 and err.value.field == "shapes"
+    assert "'k.weight'" in str(err.value)
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.qint8, torch.int8, torch.bool, torch.complex64]
+)
+def test_dtypes_a_floating_point_model_cannot_take(dtype):
+    with pytest.raises(LoadCheckError) as err:
+        check_loadable(Tiny(), specs(("norm", dtype, [4])))
+    assert err.value.field == "dtypes"
+
+
+def test_a_loader_that_needs_data_is_reported_not_refused():
+    class NeedsData(Tiny):
+        def load_weights(self, weights):
+            for _, w in weights:
+                w.sum().item()
+
+    note = check_loadable(NeedsData(), specs(("norm", torch.float32, [4])))
+    assert note is not None and "could not be checked" in note
+
+
+def write_safetensors_header(path: Path, shapes: dict) -> None:
+    header = {
+        n: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]}
+        for n, s in shapes.items()
+    }
+    raw = json.dumps({"__metadata__": {"format": "pt"}, **header}).encode()
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw)
+
+
+def test_checkpoint_shapes_catch_what_a_lenient_loader_accepts(tmp_path):
+    write_safetensors_header(tmp_path / "model.safetensors", {"a.weight": [8, 4]})
+    checkpoint_shapes.cache_clear()
+    assert checkpoint_shapes(str(tmp_path)) == {"a.weight": (8, 4)}
+    check_checkpoint_shapes(str(tmp_path), specs(("a.weight", torch.bfloat16, [8, 4])))
+    check_checkpoint_shapes(str(tmp_path), specs(("fused", torch.bfloat16, [1])))
+    with pytest.raises(
+        LoadCheckError, match=r"\[8, 4\] in the served checkpoint, not \[9, 4\]"
+    ):
+        check_checkpoint_shapes(
+            str(tmp_path), specs(("a.weight", torch.bfloat16, [9, 4]))
+        )
+    assert checkpoint_shapes(str(tmp_path / "missing")) == {}
