@@ -6159,6 +6159,14 @@ class ServerArgs:
                 )
 
         assert self.tokenizer_worker_num > 0, "Tokenizer worker num must >= 1"
+        if self.tokenizer_worker_num > 1 and (self.api_key or self.admin_api_key):
+            # The key middleware exists only with one tokenizer worker: the
+            # admin endpoints would answer without a key. Refuse to start.
+            raise ValueError(
+                "--tokenizer-worker-num > 1 cannot enforce --api-key or "
+                "--admin-api-key (or SGLANG_ADMIN_API_KEY): its workers have no "
+                "key check. Run one tokenizer worker to use keys."
+            )
         self.validate_buckets_rule(
             "--prompt-tokens-buckets", self.prompt_tokens_buckets
         )

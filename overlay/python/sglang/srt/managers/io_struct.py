@@ -28,6 +28,7 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Union
 
 import torch
+from pydantic import StrictBool, StrictFloat, StrictInt, StrictStr
 
 from sglang.srt.lora.lora_registry import LoRARef
 from sglang.srt.managers.schedule_batch import BaseFinishReason, Modality
@@ -1399,6 +1400,21 @@ def check_timeout_seconds(value: Optional[float], name: str = "timeout") -> None
         )
 
 
+def check_group_name(value: Any, name: str = "group_name") -> None:
+    """An update group's name: a non-empty string of at most 256 printable
+    characters that encodes as UTF-8 (it reaches logs, torch and answers)."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: must be a string")
+    if not value:
+        raise ValueError(f"{name}: must not be empty")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name}: must be valid UTF-8 (no lone surrogates)")
+    if len(value) > 256 or not value.isprintable():
+        raise ValueError(f"{name}: must be at most 256 printable characters")
+
+
 @dataclass
 class InitWeightsUpdateGroupReqInput(BaseReq):
     # The master address
@@ -1418,6 +1434,7 @@ class InitWeightsUpdateGroupReqInput(BaseReq):
 
     def __post_init__(self):
         check_timeout_seconds(self.timeout)
+        check_group_name(self.group_name)
 
 
 @dataclass
@@ -1432,14 +1449,18 @@ class InitWeightsUpdateGroupReqOutput(BaseReq):
 class PrepareWeightsUpdateReqInput(BaseReq):
     # Metadata of every bucket of the update: names, dtypes, shapes and an
     # optional sender digest ("psum61:..."), validated before any byte moves
-    num_buckets: int
+    # (Strict types: "1" or true is not a count, 1 is not a flag.)
+    num_buckets: StrictInt
     buckets: List[Dict[str, Any]]
     # The update group, initialised by /init_weights_update_group
-    group_name: str = "weight_update_group"
+    group_name: StrictStr = "weight_update_group"
     # None: one broadcast per tensor; "flattened_bucket": one per bucket
-    load_format: Optional[str] = None
+    load_format: Optional[StrictStr] = None
     # Optional: the version the weights get once applied
-    weight_version: Optional[str] = None
+    weight_version: Optional[StrictStr] = None
+
+    def __post_init__(self):
+        check_group_name(self.group_name)
 
 
 @dataclass
@@ -1453,25 +1474,26 @@ class PrepareWeightsUpdateReqOutput(BaseReq):
 
 @dataclass
 class CompleteWeightsUpdateReqInput(BaseReq):
-    group_name: str = "weight_update_group"
-    flush_cache: bool = False
-    weight_version: Optional[str] = None
+    group_name: StrictStr = "weight_update_group"
+    flush_cache: StrictBool = False
+    weight_version: Optional[StrictStr] = None
     # False: wait and verify only; a later complete applies, abort discards
-    apply: bool = True
+    apply: StrictBool = True
     # Seconds to wait for the last bucket (None: 300)
-    timeout: Optional[float] = None
+    timeout: Optional[StrictFloat] = None
     # Wait for in-flight requests to finish before applying (upstream's
     # update_weights_from_distributed semantics). None: only with flush_cache
     # (a cache flush needs an idle scheduler); otherwise apply in place
-    drain: Optional[bool] = None
+    drain: Optional[StrictBool] = None
     # Free the staging buffers afterwards instead of keeping them for the next update
-    release_staging: bool = False
+    release_staging: StrictBool = False
     # Internal: the longest the scheduler may block per attempt; the tokenizer
     # manager retries until `timeout`, so batches run while bytes arrive
     scheduler_wait_s: Optional[float] = None
 
     def __post_init__(self):
         check_timeout_seconds(self.timeout)
+        check_group_name(self.group_name)
 
 
 @dataclass
@@ -1494,7 +1516,10 @@ class CompleteWeightsUpdateReqOutput(BaseReq):
 
 @dataclass
 class AbortWeightsUpdateReqInput(BaseReq):
-    group_name: str = "weight_update_group"
+    group_name: StrictStr = "weight_update_group"
+
+    def __post_init__(self):
+        check_group_name(self.group_name)
 
 
 @dataclass

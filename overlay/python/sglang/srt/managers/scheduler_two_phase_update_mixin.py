@@ -124,6 +124,28 @@ class SchedulerTwoPhaseUpdateMixin:
                 self._receive_idle_poller.register(socket, zmq.POLLIN)
         self._receive_idle_poller.poll(_IDLE_POLL_MS)
 
+    def _check_staging_budget(self: Scheduler, buckets: List) -> None:
+        """413 naming the first bucket that staging cannot hold: past
+        --weight-update-staging-budget-mb, or by default past the memory the
+        device has free (plus the staging already held for reuse)."""
+        budget_mb = self.server_args.weight_update_staging_budget_mb
+        if budget_mb is not None:
+            limit = budget_mb * 2**20
+            what = f"the --weight-update-staging-budget-mb of {budget_mb} MiB"
+        else:
+            held = 0 if self._two_phase_pool is None else self._two_phase_pool.nbytes
+            limit = _free_memory(self.tp_worker.model_runner.device) + held
+            what = f"the {limit / 2**20:.0f} MiB the device can hold now"
+        total = 0
+        for bucket in buckets:
+            total += bucket.nbytes
+            if total > limit:
+                raise WeightsUpdateError(
+                    f"buckets[{bucket.index}]: staging needs {total / 2**20:.1f} "
+                    f"MiB up to this bucket, more than {what}",
+                    status_code=413,
+                )
+
     def prepare_weights_update(
         self: Scheduler, recv_req: PrepareWeightsUpdateReqInput
     ) -> PrepareWeightsUpdateReqOutput:
@@ -148,14 +170,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 recv_req.load_format,
                 _known_name_checker(model_runner.model),
             )
-            total = sum(b.nbytes for b in buckets)
-            budget = self.server_args.weight_update_staging_budget_mb
-            if budget is not None and total > budget * 2**20:
-                raise WeightsUpdateError(
-                    f"buckets: staging needs {total / 2**20:.1f} MiB, more than the "
-                    f"--weight-update-staging-budget-mb of {budget} MiB",
-                    status_code=413,
-                )
+            self._check_staging_budget(buckets)
             _check_loadable(model_runner.model, self.server_args.model_path, buckets)
             if self._two_phase_pool is None:
                 self._two_phase_pool = StagingPool(model_runner.device)
@@ -438,6 +453,16 @@ class SchedulerTwoPhaseUpdateMixin:
         return AbortWeightsUpdateReqOutput(
             success=True, message=message, group_usable=usable
         )
+
+
+def _free_memory(device) -> int:
+    """Bytes free where staging is allocated."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
 
 
 def _check_loadable(model, model_path: str, buckets: List) -> None:

@@ -1,0 +1,213 @@
+"""A hostile caller against a server with an admin key and an ordinary API
+key: every admin route needs the admin key, discovery needs none, malformed
+headers and fields get a 4xx naming them (never a 5xx), and impossible
+sizes a 413 naming the bucket."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from pathlib import Path
+
+import pytest
+import requests
+
+from harness import cpu_sglang
+from harness.cpu_sglang import free_port
+from rlsync import client
+
+ROOT = Path(__file__).resolve().parents[1]
+ADMIN, API = "admin-k3y", "api-k3y"
+GOOD = {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[64]]}
+
+
+@pytest.fixture(scope="module")
+def keyed(request, tiny_model):
+    server = cpu_sglang.launch(
+        tiny_model,
+        ROOT / "build" / "logs" / "hostile-keyed.log",
+        extra_args=["--admin-api-key", ADMIN, "--api-key", API],
+    )
+    request.addfinalizer(server.stop)
+    return server
+
+
+def raw_post(url: str, path: str, body: bytes, authorization: bytes) -> int:
+    """POST with an Authorization header of arbitrary bytes (requests would
+    refuse to send them)."""
+    host, port = url.removeprefix("http://").split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn.putrequest("POST", path)
+    conn.putheader("Content-Type", "application/json")
+    conn.putheader("Content-Length", str(len(body)))
+    conn.putheader("Authorization", authorization)
+    conn.endheaders(body)
+    status = conn.getresponse().status
+    conn.close()
+    return status
+
+
+def admin(url: str, path: str, payload: dict | str) -> requests.Response:
+    data = payload if isinstance(payload, str) else json.dumps(payload)
+    return requests.post(
+        url + path,
+        data=data,
+        headers={
+            "Authorization": f"Bearer {ADMIN}",
+            "Content-Type": "application/json",
+        },
+        timeout=60,
+    )
+
+
+def test_discovery_needs_no_key(keyed):
+    assert requests.get(keyed.url + "/rlsync_info", timeout=10).status_code == 200
+    assert "two_phase_weight_update" in client.rlsync_info(keyed.url)["features"]
+
+
+@pytest.mark.parametrize(
+    "token", ["Bearer k\u00e9y".encode("latin-1"), b"Bearer \xff\xfe", b"\xe2\x82\xac"]
+)
+@pytest.mark.parametrize(
+    "path", ["/weights_checker", "/prepare_weights_update", "/generate"]
+)
+def test_a_non_ascii_bearer_token_is_401(keyed, path, token):
+    assert raw_post(keyed.url, path, b"{}", token) == 401
+    assert keyed.alive()
+
+
+@pytest.mark.parametrize(
+    "path,payload",
+    [
+        ("/load_lora_adapter_from_tensors", {"lora_name": "x", "tensors": {}}),
+        ("/set_trace_level?level=1", {}),
+    ],
+)
+def test_admin_level_routes_refuse_the_ordinary_key(keyed, path, payload):
+    resp = requests.post(
+        keyed.url + path,
+        json=payload,
+        headers={"Authorization": f"Bearer {API}"},
+        timeout=30,
+    )
+    assert resp.status_code == 401, resp.text
+
+
+LONE_SURROGATE = '"\\ud800"'
+
+
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        (
+            "/prepare_weights_update",
+            '{"num_buckets": 1, "buckets": [%s], "group_name": %s}'
+            % (json.dumps(GOOD), LONE_SURROGATE),
+        ),
+        ("/complete_weights_update", '{"group_name": %s}' % LONE_SURROGATE),
+        ("/abort_weights_update", '{"group_name": %s}' % LONE_SURROGATE),
+        (
+            "/init_weights_update_group",
+            '{"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, '
+            '"world_size": 2, "group_name": %s, "backend": "gloo"}' % LONE_SURROGATE,
+        ),
+    ],
+)
+def test_a_lone_surrogate_group_name_is_400(keyed, path, body):
+    resp = admin(keyed.url, path, body)
+    assert resp.status_code == 400, resp.text
+    assert "group_name" in resp.text
+
+
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_buckets", "1"),
+        ("num_buckets", True),
+        ("num_buckets", 1.0),
+        ("group_name", 5),
+        ("load_format", 1),
+    ],
+)
+def test_prepare_types_are_strict(keyed, field, value):
+    payload = {"num_buckets": 1, "buckets": [GOOD], "group_name": "g", field: value}
+    resp = admin(keyed.url, "/prepare_weights_update", payload)
+    assert resp.status_code == 400, resp.text
+    assert field in resp.text
+
+
+@pytest.mark.parametrize("field", ["flush_cache", "apply", "drain", "release_staging"])
+def test_complete_flags_are_booleans_not_numbers(keyed, field):
+    resp = admin(keyed.url, "/complete_weights_update", {"group_name": "g", field: 1})
+    assert resp.status_code == 400, resp.text
+    assert field in resp.text
+
+
+def group(url: str) -> str:
+    """An update group with nobody on the far side: prepare never sends."""
+    name = f"hostile_{free_port()}"
+    port = free_port()
+    import concurrent.futures as cf
+
+    from rlsync.group import join_update_group
+
+    with cf.ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(
+            client.init_weights_update_group,
+            url,
+            master_address="127.0.0.1",
+            master_port=port,
+            rank_offset=1,
+            world_size=2,
+            group_name=name,
+            backend="gloo",
+            timeout=60,
+            admin_key=ADMIN,
+        )
+        join_update_group("127.0.0.1", port, 2, group_name=name, timeout=60)
+        fut.result()
+    return name
+
+
+@pytest.mark.parametrize(
+    "shapes", [[[2**40, 2**40]], [[2**62]], [[2**200]], [[64], [2**40, 2**40]]]
+)
+def test_impossible_sizes_are_413_naming_the_bucket(keyed, shapes):
+    """No --weight-update-staging-budget-mb: the default bound is what the
+    device can hold."""
+    name = group(keyed.url)
+    buckets = [
+        {
+            "names": [f"model.layers.{i}.mlp.down_proj.weight"],
+            "dtypes": ["bfloat16"],
+            "shapes": [shape],
+        }
+        for i, shape in enumerate(shapes)
+    ]
+    resp = admin(
+        keyed.url,
+        "/prepare_weights_update",
+        {"num_buckets": len(buckets), "buckets": buckets, "group_name": name},
+    )
+    assert resp.status_code == 413, resp.text
+    last = len(shapes) - 1
+    assert resp.json()["message"].startswith(f"buckets[{last}]: staging needs")
+    assert "the device can hold now" in resp.json()["message"]
+    client.destroy_weights_update_group(keyed.url, group_name=name, admin_key=ADMIN)
+
+
+def test_keys_with_several_tokenizer_workers_refuse_to_start(tiny_model, tmp_path):
+    for extra, env in (
+        (["--admin-api-key", ADMIN], None),
+        ([], {"SGLANG_ADMIN_API_KEY": ADMIN}),
+    ):
+        with pytest.raises(RuntimeError) as err:
+            cpu_sglang.launch(
+                tiny_model,
+                tmp_path / "workers.log",
+                extra_args=["--tokenizer-worker-num", "2", *extra],
+                env_overrides=env,
+                ready_timeout=120,
+            )
+        assert "--tokenizer-worker-num > 1 cannot enforce" in str(err.value)
+        assert ADMIN not in str(err.value)
