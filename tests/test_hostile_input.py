@@ -211,3 +211,27 @@ def test_keys_with_several_tokenizer_workers_refuse_to_start(tiny_model, tmp_pat
             )
         assert "--tokenizer-worker-num > 1 cannot enforce" in str(err.value)
         assert ADMIN not in str(err.value)
+
+
+def test_an_oversized_weight_update_body_is_413_before_it_is_parsed(keyed):
+    """A million names (about 60 MB) is refused by its size, not after
+    seconds of parsing on the event loop that serves generation too."""
+    names = [f"model.layers.{i}.mlp.down_proj.weight" for i in range(1_000_000)]
+    body = json.dumps(
+        {
+            "num_buckets": 1,
+            "buckets": [{"names": names, "dtypes": [], "shapes": []}],
+            "group_name": "g",
+        }
+    )
+    assert len(body) > 16 * 2**20
+    resp = admin(keyed.url, "/prepare_weights_update", body)
+    assert resp.status_code == 413, resp.text[:200]
+    assert resp.json()["message"].startswith("body: larger than the 16 MiB")
+    generated = requests.post(
+        keyed.url + "/generate",
+        json={"text": "ok", "sampling_params": {"max_new_tokens": 2}},
+        headers={"Authorization": f"Bearer {API}"},
+        timeout=60,
+    )
+    assert generated.status_code == 200

@@ -384,6 +384,7 @@ class ServerArgs:
     soft_watchdog_timeout: Optional[float] = None
     weight_update_health_deadline: float = 600
     weight_update_staging_budget_mb: Optional[float] = None
+    weight_update_max_request_mb: float = 16
     dist_timeout: Optional[int] = None  # timeout for torch.distributed
     download_dir: Optional[str] = None
     model_checksum: Optional[str] = None
@@ -4209,7 +4210,13 @@ class ServerArgs:
             "--weight-update-staging-budget-mb",
             type=float,
             default=ServerArgs.weight_update_staging_budget_mb,
-            help="Largest staging a two-phase weight update (/prepare_weights_update) may allocate per TP rank, in MiB. Default: no limit (a full copy of the weights sent).",
+            help="Largest staging a two-phase weight update (/prepare_weights_update) may allocate per TP rank, in MiB. Default: the memory the device has free.",
+        )
+        parser.add_argument(
+            "--weight-update-max-request-mb",
+            type=float,
+            default=ServerArgs.weight_update_max_request_mb,
+            help="Largest body of a weight-update request (bucket metadata and the like), in MiB; larger bodies are refused with a 413 before they are parsed.",
         )
         parser.add_argument(
             "--dist-timeout",

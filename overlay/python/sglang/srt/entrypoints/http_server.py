@@ -176,6 +176,7 @@ from sglang.srt.utils import (
     set_uvicorn_logging_configs,
 )
 from sglang.srt.utils.auth import AuthLevel, app_has_admin_force_endpoints, auth_level
+from sglang.srt.weight_sync.request_limits import WeightUpdateBodyLimit
 from sglang.srt.utils.json_response import (
     SGLangORJSONResponse,
     dumps_json,
@@ -2073,6 +2074,12 @@ def _setup_and_run_http_server(
 
     if server_args.enable_metrics:
         add_prometheus_track_response_middleware(app)
+
+    # Weight-update bodies are bounded before FastAPI parses them on the loop.
+    app.add_middleware(
+        WeightUpdateBodyLimit,
+        limit_bytes=int(server_args.weight_update_max_request_mb * 2**20),
+    )
 
     # Pass additional arguments to the lifespan function.
     # They will be used for additional initialization setups.
