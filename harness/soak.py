@@ -30,6 +30,7 @@ import argparse
 import concurrent.futures as cf
 import dataclasses
 import datetime
+import hashlib
 import itertools
 import json
 import multiprocessing as mp
@@ -162,7 +163,12 @@ class SoakTrainer:
         try:
             answer = fn(engine)
             entry.update(ok=True, status=200, body=_answer_fields(answer))
-            entry["message"] = brief(getattr(answer, "message", "") or "")
+            message = (
+                answer.get("message")
+                if isinstance(answer, dict)
+                else getattr(answer, "message", "")
+            )
+            entry["message"] = brief(message or "")
         except client.EngineError as e:
             entry.update(status=e.status, message=brief(e.message))
         except Exception as e:
@@ -813,6 +819,7 @@ class Soak:
     def __init__(self, cfg: SoakConfig) -> None:
         self.cfg = cfg
         self.rng = random.Random(cfg.seed)
+        self.cycles: dict[str, list[str]] = {}
         self.t0 = time.monotonic()
         self.model = make_tiny_model(BUILD / "models", "test")
         self.weights_file = self.model / "model.safetensors"
@@ -860,6 +867,9 @@ class Soak:
         if self.failures:
             return False
         self.setup["servers_up_s"] = round(time.monotonic() - self.t0, 1)
+        self.setup["rlsync_info"] = {
+            s.name: client.rlsync_info(s.url) for s in self.slots
+        }
         self.trainer = TrainerProcess(self._trainer_cfg())
         answer = self.trainer.call("connect")
         if not answer.get("ok"):
@@ -990,6 +1000,13 @@ class Soak:
 
     # --- one sync
 
+    def cycle(self, key: str, options: list[str]) -> str:
+        """The next of `options` in seeded shuffled cycles (each once per
+        cycle), so that a variant of a fault is not left out by chance."""
+        if not self.cycles.get(key):
+            self.cycles[key] = self.rng.sample(options, len(options))
+        return self.cycles[key].pop()
+
     def draw(self, kind: str) -> dict[str, Any]:
         """The fault's parameters, from the seeded generator."""
         rng, sizes = self.rng, self.bucket_sizes
@@ -1000,7 +1017,7 @@ class Soak:
             j = max(i for i in range(n) if starts[i] <= byte)
             return {"byte": byte, "bucket": j, "bucket_offset": byte - starts[j]}
         if kind == "abort":
-            moment = rng.choice(["transfer", "complete_waiting", "verified"])
+            moment = self.cycle(kind, ["transfer", "complete_waiting", "verified"])
             if moment == "transfer":
                 return {"moment": moment, "after_buckets": rng.randint(0, n)}
             if moment == "complete_waiting":
@@ -1016,12 +1033,14 @@ class Soak:
                 "xor": rng.randrange(1, 256),
             }
         if kind == "wrong_shape":
-            matrices = [(k, t) for k, t in self.original if t.dim() == 2]
+            how = self.cycle(kind, ["one_row_short", "transposed"])
+            # Transposing a square matrix would not change its shape.
+            matrices = [
+                (k, t)
+                for k, t in self.original
+                if t.dim() == 2 and (how != "transposed" or t.shape[0] != t.shape[1])
+            ]
             name, t = rng.choice(matrices)
-            hows = ["one_row_short"] + (
-                ["transposed"] if t.shape[0] != t.shape[1] else []
-            )
-            how = rng.choice(hows)
             shape = list(_misshape(t, how).shape)
             return {
                 "name": name,
@@ -1032,7 +1051,7 @@ class Soak:
         if kind == "destroy_during_session":
             return {"after_buckets": rng.randint(0, n)}
         if kind == "engine_restart":
-            return {"server": rng.choice([s.name for s in self.slots])}
+            return {"server": self.cycle(kind, [s.name for s in self.slots])}
         return {}
 
     def restart(self, slot: Slot, why: str) -> dict[str, Any]:
@@ -1445,6 +1464,10 @@ def machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "sglang": metadata.version("sglang"),
+        # The version names a series; this names the files installed under it.
+        "sglang_record_sha256": hashlib.sha256(
+            (metadata.distribution("sglang").read_text("RECORD") or "").encode()
+        ).hexdigest()[:16],
         "platform": platform.platform(),
     }
 
