@@ -821,6 +821,7 @@ class Soak:
         self.rng = random.Random(cfg.seed)
         self.cycles: dict[str, list[str]] = {}
         self.t0 = time.monotonic()
+        self.machine = machine()  # the install the servers start from
         self.model = make_tiny_model(BUILD / "models", "test")
         self.weights_file = self.model / "model.safetensors"
         self.original: Named = list(load_file(str(self.weights_file)).items())
@@ -1435,7 +1436,7 @@ class Soak:
             "rss_growth_pct": growth,
             "server_restarts": {s.name: max(s.launches - 1, 0) for s in self.slots},
             "seconds": round(time.monotonic() - self.t0, 1),
-            "machine": machine(),
+            "machine": self.machine,
             "servers": [
                 {"name": s.name, "tp": s.tp, "skip_tokenizer_init": s.token_ids}
                 for s in self.slots
