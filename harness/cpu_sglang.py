@@ -121,6 +121,15 @@ class Server:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def wait_for_log(self, needle: str, timeout: float = 30.0) -> None:
+        """Until `needle` shows in the server's log (polled), or TimeoutError."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if needle in self.log():
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"{needle!r} not in {self.log_path} after {timeout}s")
+
     def schedulers(self) -> list:
         """The scheduler processes (psutil.Process), one per TP rank."""
         import psutil

@@ -13,6 +13,7 @@ from types import ModuleType
 
 import pytest
 import torch
+
 from rlsync import digest as trainer_digest
 from rlsync.digest import digest_bytes, digest_tensors
 from rlsync.planner import bucket_budget, plan_buckets

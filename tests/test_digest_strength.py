@@ -10,6 +10,7 @@ import random
 
 import pytest
 import torch
+
 from rlsync import digest
 from rlsync.digest import digest_bytes, digest_tensors
 

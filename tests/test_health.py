@@ -51,12 +51,7 @@ def poll_until(
 
 
 def wait_for_log(server: Server, needle: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if needle in server.log():
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{needle!r} not in {server.log_path} after {timeout}s")
+    server.wait_for_log(needle, timeout)
 
 
 def start_init(server: Server, port: int, group: str, timeout: float | None = None):

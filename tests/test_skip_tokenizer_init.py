@@ -7,7 +7,6 @@ and per-rank results, at TP 1 and TP 2."""
 from __future__ import annotations
 
 import concurrent.futures as cf
-import time
 
 import pytest
 import requests
@@ -36,15 +35,6 @@ def greedy_ids(url: str, n: int = 8) -> list[int]:
     return resp.json()["output_ids"]
 
 
-def wait_for_log(server, needle: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if needle in server.log():
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"{needle!r} not in {server.log_path} after {timeout}s")
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 def test_every_weight_operation_on_a_token_in_token_out_server(
     tp, start_server, model_weights
@@ -67,7 +57,7 @@ def test_every_weight_operation_on_a_token_in_token_out_server(
         backend="gloo",
         timeout=60,
     )
-    wait_for_log(server, f"master_port={port}")
+    server.wait_for_log(f"master_port={port}")
     health = requests.get(server.url + "/health_generate", timeout=10)
     assert health.status_code == 200, health.text
     assert "init_weights_update_group" in health.text

@@ -176,7 +176,6 @@ from sglang.srt.utils import (
     set_uvicorn_logging_configs,
 )
 from sglang.srt.utils.auth import AuthLevel, app_has_admin_force_endpoints, auth_level
-from sglang.srt.weight_sync.request_limits import WeightUpdateBodyLimit
 from sglang.srt.utils.json_response import (
     SGLangORJSONResponse,
     dumps_json,
@@ -184,6 +183,7 @@ from sglang.srt.utils.json_response import (
 )
 from sglang.srt.utils.redaction import redact_server_args
 from sglang.srt.utils.watchdog import SubprocessWatchdog
+from sglang.srt.weight_sync.request_limits import WeightUpdateBodyLimit
 from sglang.srt.weight_sync.rlsync_info import rlsync_info
 from sglang.srt.weight_sync.weight_checksum import merge_rank_checksums
 from sglang.utils import get_exception_traceback
