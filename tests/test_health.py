@@ -265,6 +265,14 @@ def test_a_prepared_session_whose_trainer_died_keeps_the_worker_healthy(
     assert [a for a in answers if a.at - t0 > 4.0], "no probe past the deadline"
     assert all(a.status == 200 for a in answers), answers
     generating_health(server)
+    # A complete asking to wait 100 s waits no longer than the operator's 3 s.
+    waited = requests.post(
+        server.url + "/complete_weights_update",
+        json={"group_name": "stale_session", "timeout": 100},
+        timeout=60,
+    )
+    assert waited.status_code == 400
+    assert waited.json()["message"].startswith("timed out after 3s")
     assert client.abort_weights_update(server.url, group_name="stale_session").success
     leave_update_group(trainer.group)
 

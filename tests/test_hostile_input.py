@@ -235,3 +235,37 @@ def test_an_oversized_weight_update_body_is_413_before_it_is_parsed(keyed):
         timeout=60,
     )
     assert generated.status_code == 200
+
+
+def test_a_large_bad_prepare_body_is_checked_off_the_event_loop(keyed):
+    """About 12 MB of bucket metadata whose last name repeats the first: it is
+    parsed and refused in a thread, so the event loop answers other callers
+    meanwhile, and the scheduler never sees it."""
+    count = 200_000
+    names = [f"model.layers.{i}.mlp.down_proj.weight" for i in range(count)]
+    names[-1] = names[0]
+    body = json.dumps(
+        {
+            "num_buckets": 1,
+            "buckets": [
+                {
+                    "names": names,
+                    "dtypes": ["bfloat16"] * count,
+                    "shapes": [[1]] * count,
+                }
+            ],
+            "group_name": "g",
+        }
+    )
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(admin, keyed.url, "/prepare_weights_update", body)
+        answered_meanwhile = 0
+        while not pending.done():
+            if requests.get(keyed.url + "/rlsync_info", timeout=30).ok:
+                answered_meanwhile += pending.done() is False
+        resp = pending.result()
+    assert resp.status_code == 400, resp.text[:300]
+    assert f"buckets[0].names[{count - 1}]: duplicate name" in resp.json()["message"]
+    assert answered_meanwhile >= 3, "the event loop was held while the body was checked"

@@ -13,7 +13,7 @@ import torch
 
 from sglang.srt.weight_sync.load_check import (
     LoadCheckError,
-    check_checkpoint_shapes,
+    check_declared_shapes,
     check_loadable,
     checkpoint_shapes,
 )
@@ -118,12 +118,54 @@ def test_checkpoint_shapes_catch_what_a_lenient_loader_accepts(tmp_path):
     write_safetensors_header(tmp_path / "model.safetensors", {"a.weight": [8, 4]})
     checkpoint_shapes.cache_clear()
     assert checkpoint_shapes(str(tmp_path)) == {"a.weight": (8, 4)}
-    check_checkpoint_shapes(str(tmp_path), specs(("a.weight", torch.bfloat16, [8, 4])))
-    check_checkpoint_shapes(str(tmp_path), specs(("fused", torch.bfloat16, [1])))
+    model = Tiny()
+    check_declared_shapes(
+        model, str(tmp_path), 1, specs(("a.weight", torch.bfloat16, [8, 4]))
+    )
+    check_declared_shapes(
+        model, str(tmp_path), 1, specs(("fused", torch.bfloat16, [1]))
+    )
     with pytest.raises(
         LoadCheckError, match=r"\[8, 4\] in the served checkpoint, not \[9, 4\]"
     ):
-        check_checkpoint_shapes(
-            str(tmp_path), specs(("a.weight", torch.bfloat16, [9, 4]))
+        check_declared_shapes(
+            model, str(tmp_path), 1, specs(("a.weight", torch.bfloat16, [9, 4]))
         )
     assert checkpoint_shapes(str(tmp_path / "missing")) == {}
+
+
+class LinearBase(torch.nn.Module):
+    """Named as SGLang's base of linear layers, whose fused loaders pad or
+    narrow whatever they get."""
+
+    def __init__(self, rows: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(rows, 4), requires_grad=False)
+
+
+class Fused(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv_proj = LinearBase(6)
+
+
+@pytest.mark.parametrize(
+    "tp,shape,ok",
+    [
+        (1, [6, 4], True),
+        (1, [3, 4], False),
+        (2, [12, 4], True),
+        (2, [6, 8], True),
+        (2, [6, 4], True),
+        (2, [7, 4], False),
+        (2, [12, 8], False),
+        (1, [24], False),
+    ],
+)
+def test_a_fused_linear_parameter_takes_its_full_shape_only(tmp_path, tp, shape, ok):
+    tensors = specs(("qkv_proj.weight", torch.bfloat16, shape))
+    if ok:
+        check_declared_shapes(Fused(), str(tmp_path), tp, tensors)
+    else:
+        with pytest.raises(LoadCheckError, match="cannot be its full shape"):
+            check_declared_shapes(Fused(), str(tmp_path), tp, tensors)

@@ -100,6 +100,26 @@ def test_wrong_shape_or_dtype_is_refused_at_prepare(
             assert field.format(i=names.index(name)) in message, (overrides, message)
             assert name in message
             assert no_session_open(server.url, trainer.group_name)
+        # A linear layer's own fused name: its full shape or nothing (the
+        # fused loaders zero-pad or narrow whatever they get).
+        for fused, shape in (
+            ("model.layers.1.self_attn.qkv_proj.weight", [3, 64]),
+            ("model.layers.0.mlp.gate_up_proj.weight", [512, 64]),
+        ):
+            bucket = {"names": [fused], "dtypes": ["bfloat16"], "shapes": [shape]}
+            resp = post(
+                server.url,
+                "/prepare_weights_update",
+                {
+                    "num_buckets": 1,
+                    "buckets": [bucket],
+                    "group_name": trainer.group_name,
+                },
+            )
+            assert resp.status_code == 400, resp.text
+            assert "cannot be its full shape" in resp.json()["message"]
+            assert "buckets[0].shapes[0]:" in resp.json()["message"]
+        assert no_session_open(server.url, trainer.group_name)
         assert checksum(server.url) == before
         # A correct update still goes through on the same group.
         (result,) = update_two_phase(trainer, randomized(model_weights, seed=21))
@@ -335,3 +355,29 @@ def test_unknown_or_empty_group_is_400_and_the_server_lives(
         assert checksum(server.url) == before
     finally:
         trainer.close()
+
+
+def test_a_taken_group_name_is_refused_at_once(server_tp1, trainer_tp1):
+    """Initialising a live group's name again would wait out a rendezvous and
+    then drop the live group."""
+    url, group = server_tp1.url, trainer_tp1.group_name
+    again = post(
+        url,
+        "/init_weights_update_group",
+        {
+            "master_address": "127.0.0.1",
+            "master_port": free_port(),
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": group,
+            "backend": "gloo",
+            "timeout": 60,
+        },
+    )
+    assert again.status_code == 400
+    assert f"an update group '{group}' already exists" in again.json()["message"]
+    # No session: the abort says so, and that the group is still there.
+    aborted = post(url, "/abort_weights_update", {"group_name": group})
+    assert aborted.status_code == 409 and aborted.json()["group_usable"] is True
+    gone = post(url, "/abort_weights_update", {"group_name": "never-made"})
+    assert gone.status_code == 409 and gone.json()["group_usable"] is False

@@ -156,6 +156,7 @@ from sglang.srt.managers.multi_tokenizer_mixin import (
 from sglang.srt.managers.template_manager import TemplateManager
 from sglang.srt.managers.tokenizer_manager import ServerStatus, TokenizerManager
 from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
+    parse_prepare_body,
     two_phase_response_content,
 )
 from sglang.srt.managers.weight_update_health import weight_update_health_response
@@ -1159,9 +1160,15 @@ async def update_weights_from_distributed(
 
 @app.post("/prepare_weights_update")
 @auth_level(AuthLevel.ADMIN_OPTIONAL)
-async def prepare_weights_update(obj: PrepareWeightsUpdateReqInput, request: Request):
+async def prepare_weights_update(request: Request):
     """Two-phase update, phase 1: validate all bucket metadata, stage, and start
-    receiving; answers "ready" once the receiver runs."""
+    receiving; answers "ready" once the receiver runs. The body (up to
+    --weight-update-max-request-mb) is parsed and checked in a thread, so a
+    large or bad one never holds the event loop or the scheduler."""
+    try:
+        obj = await asyncio.to_thread(parse_prepare_body, await request.body())
+    except ValueError as e:
+        return ORJSONResponse({"status": "error", "message": str(e)}, status_code=400)
     result = await _global_state.tokenizer_manager.prepare_weights_update(obj, request)
     content = two_phase_response_content(result)
     return ORJSONResponse(content, status_code=result.status_code)

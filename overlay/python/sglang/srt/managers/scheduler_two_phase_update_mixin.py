@@ -31,7 +31,7 @@ from sglang.srt.managers.weight_update_health import (
 )
 from sglang.srt.weight_sync.load_check import (
     LoadCheckError,
-    check_checkpoint_shapes,
+    check_declared_shapes,
     check_loadable,
 )
 from sglang.srt.weight_sync.staged_receiver import (
@@ -171,7 +171,9 @@ class SchedulerTwoPhaseUpdateMixin:
                 _known_name_checker(model_runner.model),
             )
             self._check_staging_budget(buckets)
-            _check_loadable(model_runner.model, self.server_args.model_path, buckets)
+            _check_loadable(
+                model_runner.model, self.server_args.model_path, self.tp_size, buckets
+            )
             if self._two_phase_pool is None:
                 self._two_phase_pool = StagingPool(model_runner.device)
             receiver = StagedWeightReceiver(
@@ -429,10 +431,12 @@ class SchedulerTwoPhaseUpdateMixin:
     ) -> AbortWeightsUpdateReqOutput:
         session = self._two_phase_session
         if session is None:
+            groups = self.tp_worker.model_runner._model_update_group
             return AbortWeightsUpdateReqOutput(
                 success=False,
                 message="no weight update session is open; nothing to abort",
                 status_code=409,
+                group_usable=recv_req.group_name in groups,
             )
         if session.group_name != recv_req.group_name:
             return AbortWeightsUpdateReqOutput(
@@ -465,13 +469,13 @@ def _free_memory(device) -> int:
     return psutil.virtual_memory().available
 
 
-def _check_loadable(model, model_path: str, buckets: List) -> None:
+def _check_loadable(model, model_path: str, tp_size: int, buckets: List) -> None:
     """Fail prepare, naming the field, for anything the apply would reject
     or would load wrongly."""
     specs = [(b.index, i, t) for b in buckets for i, t in enumerate(b.tensors)]
     tensors = [(t.name, t.dtype, t.shape) for _, _, t in specs]
     try:
-        check_checkpoint_shapes(model_path, tensors)
+        check_declared_shapes(model, model_path, tp_size, tensors)
         check_loadable(model, tensors)
     except LoadCheckError as e:
         bucket, position, _ = specs[e.index]

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import time
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import fastapi
+import pydantic
 
 from sglang.srt.managers.io_struct import (
     AbortWeightsUpdateReqInput,
@@ -32,6 +34,7 @@ from sglang.srt.managers.scheduler_two_phase_update_mixin import (
 from sglang.srt.managers.weight_op_results import rank_results_of
 from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.weight_sync.staged_receiver import parse_buckets
 from sglang.utils import TypeBasedDispatcher
 
 if TYPE_CHECKING:
@@ -157,6 +160,8 @@ class TokenizerTwoPhaseUpdateMixin:
         Until then each attempt blocks a scheduler for at most
         SCHEDULER_WAIT_S, so generation goes on between attempts."""
         timeout = DEFAULT_COMPLETE_TIMEOUT if obj.timeout is None else obj.timeout
+        # The operator's deadline bounds every wait.
+        timeout = min(timeout, self.server_args.weight_update_health_deadline)
         deadline = time.monotonic() + timeout
         verify = dataclasses.replace(
             obj,
@@ -246,6 +251,34 @@ def _merge_complete(
     )
 
 
+def parse_prepare_body(body: bytes) -> PrepareWeightsUpdateReqInput:
+    """The request from its JSON body, with every check that needs no model
+    (types, lengths, dtypes, shapes, duplicates, digests); ValueError naming
+    the field otherwise. Runs in a thread: parsing a large body on the event
+    loop, or checking it on the scheduler, would stall serving."""
+    try:
+        payload = json.loads(body)
+    except ValueError as e:
+        raise ValueError(f"body: not JSON ({e})") from None
+    if not isinstance(payload, dict):
+        raise ValueError("body: must be a JSON object")
+    try:
+        obj = _PREPARE_ADAPTER.validate_python(payload)
+    except pydantic.ValidationError as e:
+        raise ValueError(_validation_message(e)) from None
+    parse_buckets(obj.num_buckets, obj.buckets, obj.load_format)
+    return obj
+
+
+def _validation_message(error: pydantic.ValidationError) -> str:
+    first = error.errors()[0]
+    message = str(first.get("msg", "invalid"))
+    where = ".".join(str(part) for part in first.get("loc", ()))
+    if not where:  # raised by the request's own checks, which name the field
+        return message.removeprefix("Value error, ")
+    return f"{where}: {message}"
+
+
 def two_phase_response_content(
     output: Union[
         PrepareWeightsUpdateReqOutput,
@@ -258,3 +291,6 @@ def two_phase_response_content(
     for key in ("rid", "http_worker_ipc", "status_code", "session_open", "pending"):
         content.pop(key, None)
     return content
+
+
+_PREPARE_ADAPTER = pydantic.TypeAdapter(PrepareWeightsUpdateReqInput)

@@ -1522,6 +1522,13 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         ), "Default torch process group must be initialized"
         if not group_name:
             return False, "group_name: must not be empty"
+        if group_name in self._model_update_group:
+            # Initialising it again would wait out a rendezvous, then drop the
+            # live group; say so at once.
+            return False, (
+                f"group_name: an update group {group_name!r} already exists on "
+                f"this server; destroy it first"
+            )
 
         rank = rank_offset + self.tp_rank
 

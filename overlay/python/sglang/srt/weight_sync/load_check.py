@@ -160,18 +160,58 @@ def checkpoint_shapes(model_path: str) -> Dict[str, Tuple[int, ...]]:
     return shapes
 
 
-def check_checkpoint_shapes(
-    model_path: str, tensors: Sequence[Tuple[str, torch.dtype, Tuple[int, ...]]]
+def check_declared_shapes(
+    model: torch.nn.Module,
+    model_path: str,
+    tp_size: int,
+    tensors: Sequence[Tuple[str, torch.dtype, Tuple[int, ...]]],
 ) -> None:
-    """Raise LoadCheckError for a tensor named as in the served checkpoint
-    whose shape differs from the checkpoint's."""
+    """Raise LoadCheckError for a tensor whose declared shape cannot be what
+    it names: a checkpoint name must have the served checkpoint's shape; a
+    linear layer's own (fused) parameter name, e.g. qkv_proj, must have the
+    parameter's full shape (this rank's shard, one dimension times the TP
+    size), since the fused loaders pad or narrow whatever they get."""
     expected = checkpoint_shapes(model_path)
+    linear = _linear_parameter_shapes(model)
     for index, (name, _, shape) in enumerate(tensors):
+        shape = tuple(shape)
         want = expected.get(name)
-        if want is not None and tuple(shape) != want:
+        if want is not None:
+            if shape != want:
+                raise LoadCheckError(
+                    f"{name!r} has shape {list(want)} in the served checkpoint, "
+                    f"not {list(shape)}",
+                    index,
+                    "shapes",
+                )
+        elif name in linear and not _is_full_shape(shape, linear[name], tp_size):
             raise LoadCheckError(
-                f"{name!r} has shape {list(want)} in the served checkpoint, "
-                f"not {list(shape)}",
+                f"{name!r} is {list(linear[name])} on each of {tp_size} TP rank(s); "
+                f"{list(shape)} cannot be its full shape",
                 index,
                 "shapes",
             )
+
+
+def _linear_parameter_shapes(model: torch.nn.Module) -> Dict[str, Tuple[int, ...]]:
+    """Shapes of the parameters owned by linear layers (any class whose
+    ancestry has a LinearBase), by their names in the model."""
+    shapes: Dict[str, Tuple[int, ...]] = {}
+    for module_name, module in model.named_modules():
+        if not any(c.__name__ == "LinearBase" for c in type(module).__mro__):
+            continue
+        for param_name, param in module.named_parameters(recurse=False):
+            full = f"{module_name}.{param_name}" if module_name else param_name
+            shapes[full] = tuple(param.shape)
+    return shapes
+
+
+def _is_full_shape(
+    shape: Tuple[int, ...], shard: Tuple[int, ...], tp_size: int
+) -> bool:
+    if len(shape) != len(shard):
+        return False
+    differ = [d for d in range(len(shard)) if shape[d] != shard[d]]
+    return not differ or (
+        len(differ) == 1 and shape[differ[0]] == shard[differ[0]] * tp_size
+    )
