@@ -41,7 +41,6 @@ def test_complete_request_drops_unset_optionals():
         "group_name": "g",
         "flush_cache": False,
         "apply": True,
-        "drain": False,
         "release_staging": False,
     }
 

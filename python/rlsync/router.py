@@ -682,6 +682,14 @@ def create_app(config: RouterConfig) -> FastAPI:
         denied = router.check_header(request)
         return denied or JSONResponse({"weight_version": router.fleet_version})
 
+    @app.get("/server_info")
+    async def server_info(request: Request) -> Response:
+        """The fleet as one engine: its ranks in an update group are the live
+        workers' (trainers size their group from this); no secret."""
+        denied = router.check_header(request)
+        ranks = sum(w.ranks for w in router.workers if not w.dead)
+        return denied or JSONResponse({"tp_size": ranks, "dp_size": 1})
+
     @app.get("/workers")
     async def workers(request: Request) -> Response:
         return router.check_admin(request) or JSONResponse(router.describe())
