@@ -210,6 +210,68 @@ def test_flush_cache_under_load_drains_then_flushes(
     update_two_phase(trainer_tp1, model_weights)
 
 
+def test_flush_cache_that_times_out_waiting_for_requests_says_so(
+    server_tp1, trainer_tp1, model_weights
+):
+    """A cache flush waits for the in-flight requests; when complete's
+    timeout passes first, the answer says that every byte arrived and what
+    it waited for, nothing is applied, and the session stays open."""
+    url = server_tp1.url
+    before = checksum(url)
+    buckets = plan_buckets(randomized(model_weights, seed=33), 1 << 20)
+    client.prepare_weights_update(
+        url, [b.meta() for b in buckets], group_name=trainer_tp1.group_name
+    )
+    for b in buckets:
+        for t in b.tensors:
+            torch.distributed.broadcast(t.contiguous(), src=0, group=trainer_tp1.group)
+    first_chunk, stop = threading.Event(), threading.Event()
+
+    def endless_request():
+        with requests.post(
+            url + "/generate",
+            json={
+                "text": "long",
+                "sampling_params": {"max_new_tokens": 1800, "ignore_eos": True},
+                "stream": True,
+            },
+            stream=True,
+            timeout=120,
+        ) as resp:
+            for _ in resp.iter_lines():
+                first_chunk.set()
+                if stop.is_set():
+                    return  # closing the stream aborts the request
+
+    streaming = pool.submit(endless_request)
+    assert first_chunk.wait(60)
+    resp = post(
+        url,
+        "/complete_weights_update",
+        {"group_name": trainer_tp1.group_name, "flush_cache": True, "timeout": 1},
+    )
+    stop.set()
+    streaming.result(timeout=60)
+    assert resp.status_code == 400, resp.text
+    body = resp.json()
+    assert body["message"].startswith(
+        "timed out after 1s waiting for the in-flight requests to finish before "
+        "the cache flush (every bucket received and verified, nothing applied)"
+    ), body
+    assert not body["applied"] and body["num_buckets_received"] == len(buckets)
+    assert checksum(url) == before
+    # The session is still open; with the request gone the flush goes through.
+    done = post(
+        url,
+        "/complete_weights_update",
+        {"group_name": trainer_tp1.group_name, "flush_cache": True},
+    )
+    assert done.status_code == 200 and done.json()["applied"], done.text
+    assert checksum(url) != before
+    update_two_phase(trainer_tp1, model_weights)
+    assert checksum(url) == before
+
+
 def test_flush_cache_with_drain_false_is_refused_before_anything(
     server_tp1, trainer_tp1, model_weights
 ):

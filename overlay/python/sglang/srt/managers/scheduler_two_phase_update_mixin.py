@@ -310,7 +310,10 @@ class SchedulerTwoPhaseUpdateMixin:
                     # New requests wait in the tokenizer manager; let the
                     # in-flight ones finish, then try again.
                     return CompleteWeightsUpdateReqOutput(
-                        success=False, num_buckets_received=num_received, pending=True
+                        success=False,
+                        num_buckets_received=num_received,
+                        ready_to_apply=True,
+                        pending=True,
                     )
                 return CompleteWeightsUpdateReqOutput(
                     success=False,

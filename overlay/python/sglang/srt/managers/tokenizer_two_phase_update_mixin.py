@@ -14,12 +14,10 @@ import asyncio
 import dataclasses
 import json
 import time
-from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import fastapi
 import pydantic
-
 from sglang.srt.managers.io_struct import (
     AbortWeightsUpdateReqInput,
     AbortWeightsUpdateReqOutput,
@@ -34,6 +32,7 @@ from sglang.srt.managers.scheduler_two_phase_update_mixin import (
 from sglang.srt.managers.weight_op_results import rank_results_of
 from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.aio_rwlock import RWLock
 from sglang.srt.weight_sync.staged_receiver import parse_buckets
 from sglang.utils import TypeBasedDispatcher
 
@@ -42,6 +41,39 @@ if TYPE_CHECKING:
 
 # How long one complete attempt may hold the scheduler while bytes still arrive.
 SCHEDULER_WAIT_S = 0.005
+
+
+def _timed_out_message(
+    timeout: float, results: List[CompleteWeightsUpdateReqOutput]
+) -> str:
+    """Why a complete that ran out of time is still pending: bytes missing, or
+    (every byte verified) a cache flush waiting for in-flight requests."""
+    if all(r.ready_to_apply for r in results):
+        return (
+            f"timed out after {timeout:g}s waiting for the in-flight requests "
+            f"to finish before the cache flush (every bucket received and "
+            f"verified, nothing applied); complete again or abort"
+        )
+    received = min(r.num_buckets_received for r in results)
+    return (
+        f"timed out after {timeout:g}s with {received} buckets received; "
+        f"complete again or abort"
+    )
+
+
+async def _acquire_writer_before(lock: RWLock, deadline: float) -> bool:
+    """The writer lock (in-flight requests finish, new ones wait), unless
+    the deadline passes first."""
+    try:
+        await asyncio.wait_for(
+            lock.acquire_writer(), max(0.0, deadline - time.monotonic())
+        )
+        return True
+    except asyncio.TimeoutError:
+        # Readers that queued behind the waiting writer may go on now.
+        async with lock._lock:
+            lock._cond.notify_all()
+        return False
 
 
 class TokenizerTwoPhaseUpdateMixin:
@@ -136,38 +168,55 @@ class TokenizerTwoPhaseUpdateMixin:
                 status_code=400,
                 session_open=True,
             )
+        timeout = DEFAULT_COMPLETE_TIMEOUT if obj.timeout is None else obj.timeout
+        # The operator's deadline bounds every wait.
+        timeout = min(timeout, self.server_args.weight_update_health_deadline)
+        deadline = time.monotonic() + timeout
+        # 1. Every byte received and verified; generation goes on meanwhile.
+        verify = dataclasses.replace(obj, apply=False, flush_cache=False)
+        result = await self._complete_before(verify, deadline, timeout)
+        if not obj.apply or not result.success:
+            return result
+        # 2. Drain: new requests wait, in-flight ones finish first.
         holds_requests_back = False
-        if obj.apply and drain:
+        if drain:
             async with self.is_pause_cond:
                 holds_requests_back = not self.is_pause
-        lock_context = (
-            self.model_update_lock.writer_lock if holds_requests_back else nullcontext()
-        )
-        # The scheduler waits for requests to finish only if they can.
+        if holds_requests_back and not await _acquire_writer_before(
+            self.model_update_lock, deadline
+        ):
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                num_buckets_received=result.num_buckets_received,
+                message=_timed_out_message(timeout, [result]),
+                status_code=400,
+                ready_to_apply=True,
+                session_open=True,
+            )
+        # 3. Apply. The scheduler waits for requests to finish only if they can.
         attempt = dataclasses.replace(obj, drain=holds_requests_back)
-        async with lock_context:
-            result = await self._complete_without_blocking_scheduler(attempt)
+        try:
+            result = await self._complete_before(attempt, deadline, timeout)
+        finally:
+            if holds_requests_back:
+                await self.model_update_lock.release_writer()
         if result.applied and result.weight_version is not None:
             self._update_weight_version_if_provided(result.weight_version)
             result.message += f" Weight version updated to {result.weight_version}."
         return result
 
-    async def _complete_without_blocking_scheduler(
-        self: TokenizerManager, obj: CompleteWeightsUpdateReqInput
+    async def _complete_before(
+        self: TokenizerManager,
+        obj: CompleteWeightsUpdateReqInput,
+        deadline: float,
+        timeout: float,
     ) -> CompleteWeightsUpdateReqOutput:
-        """Verify on every DP replica, then apply on every replica: none
-        applies unless all hold every byte (and, for a cache flush, are idle).
-        Until then each attempt blocks a scheduler for at most
-        SCHEDULER_WAIT_S, so generation goes on between attempts."""
-        timeout = DEFAULT_COMPLETE_TIMEOUT if obj.timeout is None else obj.timeout
-        # The operator's deadline bounds every wait.
-        timeout = min(timeout, self.server_args.weight_update_health_deadline)
-        deadline = time.monotonic() + timeout
+        """Verify on every DP replica, then (if obj.apply) apply on every
+        replica: none applies unless all hold every byte (and, for a cache
+        flush, are idle). Until then each attempt blocks a scheduler for at
+        most SCHEDULER_WAIT_S, so generation goes on between attempts."""
         verify = dataclasses.replace(
-            obj,
-            apply=False,
-            flush_cache=obj.apply and obj.flush_cache,
-            scheduler_wait_s=SCHEDULER_WAIT_S,
+            obj, apply=False, scheduler_wait_s=SCHEDULER_WAIT_S
         )
         while True:
             results = await self.complete_weights_update_communicator(verify)
@@ -185,10 +234,9 @@ class TokenizerTwoPhaseUpdateMixin:
                 return CompleteWeightsUpdateReqOutput(
                     success=False,
                     num_buckets_received=received,
-                    message=f"timed out after {timeout:g}s with {received} "
-                    f"buckets received (or requests still in flight); "
-                    f"complete again or abort",
+                    message=_timed_out_message(timeout, results),
                     status_code=400,
+                    ready_to_apply=all(r.ready_to_apply for r in results),
                     session_open=True,
                 )
             await asyncio.sleep(SCHEDULER_WAIT_S)
