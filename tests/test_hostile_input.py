@@ -120,6 +120,42 @@ def test_a_lone_surrogate_group_name_is_400(keyed, path, body):
 
 
 @pytest.mark.parametrize(
+    "path,body,field",
+    [
+        (
+            "/complete_weights_update",
+            '{"group_name": "g", "weight_version": "v%s"}' % LONE_SURROGATE[1:-1],
+            "weight_version",
+        ),
+        (
+            "/update_weight_version",
+            '{"new_version": %s}' % LONE_SURROGATE,
+            "new_version",
+        ),
+        (
+            "/prepare_weights_update",
+            '{"num_buckets": 1, "buckets": [{"names": ["model.norm.weight", %s], '
+            '"dtypes": ["bfloat16"], "shapes": [[64]]}]}' % LONE_SURROGATE,
+            "buckets[0].names[1]",
+        ),
+        ("/weights_checker", '{%s: "checksum"}' % LONE_SURROGATE, "body (a key)"),
+    ],
+)
+def test_a_lone_surrogate_anywhere_is_400_naming_where(keyed, path, body, field):
+    """Python's json accepts lone surrogates; stored as the weight version
+    one would make every later /model_info a 500."""
+    resp = admin(keyed.url, path, body)
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["message"].startswith(f"{field}: holds a lone UTF-16"), resp.text
+    info = requests.get(
+        keyed.url + "/model_info",
+        headers={"Authorization": f"Bearer {API}"},
+        timeout=30,
+    )
+    assert info.status_code == 200, info.text
+
+
+@pytest.mark.parametrize(
     "field,value",
     [
         ("num_buckets", "1"),

@@ -558,6 +558,16 @@ def test_malformed_authorization_without_a_router_key_is_a_401(server_tp1):
         ("/complete_weights_update", b"Infinity", "body: not JSON"),
         ("/pause_generation", b"\x00", "body: not JSON"),
         ("/weights_checker", b"1", "body: expected a JSON object"),
+        (
+            "/workers/disable",
+            b'{"url": "WORKER", "reason": "\\ud800"}',
+            "reason: holds a lone UTF-16 surrogate",
+        ),
+        (
+            "/complete_weights_update",
+            b'{"group_name": "g", "weight_version": "v\\udfff"}',
+            "weight_version: holds a lone UTF-16 surrogate",
+        ),
     ],
 )
 def test_bad_body_is_a_400_naming_the_field(in_process, server_tp1, path, body, field):
@@ -568,6 +578,26 @@ def test_bad_body_is_a_400_naming_the_field(in_process, server_tp1, path, body, 
     state = in_process.get("/workers", headers=RIGHT).json()
     assert state["admin_lock"] is None
     assert not state["workers"][0]["disabled"], "a refused call changed nothing"
+
+
+def test_bodies_past_the_bound_are_413_before_they_are_read(server_tp1):
+    config = RouterConfig(
+        [server_tp1.url],
+        admin_api_key=ADMIN_KEY,
+        health_interval=600,
+        max_request_bytes=1 << 20,
+    )
+    with TestClient(create_app(config)) as http_client:
+        big = b'{"group_name": "' + b"x" * (2 << 20) + b'"}'
+        resp = http_client.post("/prepare_weights_update", content=big, headers=RIGHT)
+        assert resp.status_code == 413, resp.text
+        assert resp.json()["message"].startswith("body: larger than 1 MiB")
+        control = b'{"url": "' + b"x" * (128 << 10) + b'"}'
+        resp = http_client.post("/workers/disable", content=control, headers=RIGHT)
+        assert resp.status_code == 413, resp.text
+        assert resp.json()["message"] == "body: larger than 64 KiB"
+        state = http_client.get("/workers", headers=RIGHT).json()
+        assert state["admin_lock"] is None and not state["workers"][0]["disabled"]
 
 
 @pytest.mark.parametrize("since", ["abc", "nan", "inf", "-inf", "1e999", ""])

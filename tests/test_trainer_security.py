@@ -269,6 +269,40 @@ def test_endpoint_count_is_bounded():
         assert codes == [200, 200, 409]
 
 
+@pytest.mark.parametrize(
+    "path,body,status,message",
+    [
+        (
+            "/sync_inference_weights",
+            b'{"master_port": 29600, "weight_version": "v\\ud800"}',
+            400,
+            "weight_version: holds a lone UTF-16 surrogate",
+        ),
+        (
+            "/add_inference_endpoint",
+            b'{"host": "\\udc00", "port": 1, "world_size": 1}',
+            400,
+            "host: holds a lone UTF-16 surrogate",
+        ),
+        ("/add_inference_endpoint", b"\xff\xfe", 400, "body: not JSON"),
+        ("/add_inference_endpoint", b"[1]", 400, "body: expected a JSON object"),
+        (
+            "/add_inference_endpoint",
+            b'{"host": "' + b"h" * (1 << 20) + b'"}',
+            413,
+            "body: larger than 64 KiB",
+        ),
+    ],
+)
+def test_bodies_that_are_not_json_objects_of_unicode_are_4xx(
+    api, path, body, status, message
+):
+    resp = api.post(path, content=body)
+    assert resp.status_code == status, resp.text
+    assert resp.json()["message"].startswith(message), resp.json()
+    assert api.get("/inference_endpoints").json() == []
+
+
 # --- secrets -------------------------------------------------------------------
 
 

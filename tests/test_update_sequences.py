@@ -406,6 +406,7 @@ def test_unknown_or_empty_group_is_400_and_the_server_lives(
         server.url, "/destroy_weights_update_group", {"group_name": "no-such-group"}
     )
     assert destroy.status_code == 400
+    assert "group_name: no update group 'no-such-group'" in destroy.json()["message"]
     assert server.alive()
     generate(server.url, "alive")
     trainer = GlooTrainer([server.url], [tp], group_name=f"after_unknown_{tp}")

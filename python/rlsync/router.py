@@ -33,13 +33,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import logging
 import math
 import os
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import httpx
 from fastapi import FastAPI, Request
@@ -53,6 +52,7 @@ from rlsync.client import (
     error_message,
     visible_ascii,
 )
+from rlsync.request_body import DEFAULT_MAX_BODY_BYTES, BodyTooLarge, read_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ LOCKED_ROUTES = UPDATE_ROUTES + (
     "/continue_generation",
 )
 # Broadcast without the lock: they change no weights.
+# /workers/enable and /workers/disable take a URL and a reason.
+MAX_CONTROL_BODY_BYTES = 64 << 10
 OTHER_ADMIN_ROUTES = ("/weights_checker", "/flush_cache", "/get_weights_by_name")
 # Answers that carry a weight version the fleet moves to.
 VERSIONED_ROUTES = (
@@ -117,6 +119,8 @@ class RouterConfig:
     route_wait: float = 60.0  # seconds a generation may wait for a worker
     request_timeout: float = 600.0
     health_interval: float = 2.0
+    # admin bodies (prepare's grows with the model); past it a 413
+    max_request_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 @dataclass
@@ -564,8 +568,10 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"success": False, "error": message}, status_code=status)
 
 
-def _bad(message: str) -> JSONResponse:
-    return JSONResponse({"success": False, "message": message}, status_code=400)
+def _bad(error: Union[str, ValueError]) -> JSONResponse:
+    """400 naming the field, or 413 for a body past its bound."""
+    status = 413 if isinstance(error, BodyTooLarge) else 400
+    return JSONResponse({"success": False, "message": str(error)}, status_code=status)
 
 
 def _int_field(body: dict, name: str, default: int) -> int:
@@ -576,22 +582,10 @@ def _int_field(body: dict, name: str, default: int) -> int:
     return value
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-async def read_json(request: Request) -> dict:
-    """The body as a JSON object ({} when empty); ValueError naming `body`."""
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        body = json.loads(raw, parse_constant=_no_constant)
-    except ValueError as e:  # also bytes that are not UTF-8
-        raise ValueError(f"body: not JSON: {e}") from e
-    if not isinstance(body, dict):
-        raise ValueError(f"body: expected a JSON object, got {type(body).__name__}")
-    return body
+async def read_json(request: Request, max_bytes: int) -> dict:
+    """The body as a JSON object ({} when empty); ValueError naming `body`
+    (BodyTooLarge past `max_bytes`)."""
+    return await read_json_object(request.stream(), max_bytes)
 
 
 def create_app(config: RouterConfig) -> FastAPI:
@@ -661,9 +655,9 @@ def create_app(config: RouterConfig) -> FastAPI:
             if denied is not None:
                 return denied
             try:
-                body = await read_json(request)
+                body = await read_json(request, config.max_request_bytes)
             except ValueError as e:
-                return _bad(str(e))
+                return _bad(e)
             return await router.broadcast(path, body, forwarded(request))
 
         app.add_api_route(path, admin, methods=["POST"])
@@ -713,9 +707,9 @@ def create_app(config: RouterConfig) -> FastAPI:
         if denied is not None:
             return denied
         try:
-            body = await read_json(request)
+            body = await read_json(request, MAX_CONTROL_BODY_BYTES)
         except ValueError as e:
-            return _bad(str(e))
+            return _bad(e)
         url, reason = body.get("url"), body.get("reason", "disabled by an operator")
         if not isinstance(url, str):
             return _bad(f"url: expected a worker URL (a string), got {url!r:.80}")
@@ -779,6 +773,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     )
     ap.add_argument("--health-interval", type=float, default=2.0)
     ap.add_argument("--request-timeout", type=float, default=600.0)
+    ap.add_argument(
+        "--max-request-mb",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES >> 20,
+        help="largest admin request body in MiB, then 413",
+    )
     args = ap.parse_args(argv)
     config = RouterConfig(
         workers=args.workers,
@@ -792,6 +792,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         route_wait=args.route_wait,
         request_timeout=args.request_timeout,
         health_interval=args.health_interval,
+        max_request_bytes=args.max_request_mb << 20,
     )
     logging.basicConfig(
         level=logging.WARNING,

@@ -42,6 +42,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlsync.client import bearer_ok, check_key
+from rlsync.request_body import BodyTooLarge, read_json_object
 from rlsync.sender import Engine, SyncError, Weights, WeightSender
 
 logger = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ MIN_KEY_LENGTH = 16
 MAX_WORLD_SIZE = 256  # ranks of one engine
 MAX_ENDPOINTS = 256
 MAX_BUFFER_MB = 1 << 20  # 1 TiB buckets
+MAX_BODY_BYTES = 64 << 10  # every request is a few fields
 _LABEL = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 
 
@@ -166,9 +168,11 @@ def _public(engine: Engine) -> dict[str, Any]:
 
 async def _json(request: Request) -> Any:
     try:
-        return await request.json()
-    except ValueError as e:  # not UTF-8 or not JSON
-        raise _BadRequest(f"body: not JSON: {type(e).__name__}") from e
+        return await read_json_object(request.stream(), MAX_BODY_BYTES)
+    except BodyTooLarge as e:
+        raise _BadRequest(str(e), status=413) from e
+    except ValueError as e:
+        raise _BadRequest(str(e)) from e
 
 
 def _resolve_key(api_key: Optional[str]) -> bytes:

@@ -1555,6 +1555,13 @@ class ModelRunner(ModelRunnerKVCacheMixin):
             logger.error(message)
             return False, message
 
+    def _unknown_update_group(self, group_name: str) -> str:
+        return (
+            f"group_name: no update group {group_name!r} on this server "
+            f"(groups: {sorted(self._model_update_group)}); call "
+            f"/init_weights_update_group first"
+        )
+
     def destroy_weights_update_group(self, group_name):
         try:
             if group_name in self._model_update_group:
@@ -1562,7 +1569,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
                 torch.distributed.destroy_process_group(pg)
                 return True, "Succeeded to destroy custom process group."
             else:
-                return False, "The group to be destroyed does not exist."
+                return False, self._unknown_update_group(group_name)
         except Exception as e:
             message = f"Failed to destroy custom process group: {e}."
             logger.error(message)
@@ -1588,11 +1595,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
         if group_name not in self._model_update_group:
             # An error for the caller, not an assert that ends the server.
-            return False, (
-                f"group_name: no update group {group_name!r} on this server "
-                f"(groups: {sorted(self._model_update_group)}); call "
-                f"/init_weights_update_group first"
-            )
+            return False, self._unknown_update_group(group_name)
 
         if load_format == "flattened_bucket":
             return self._update_bucketed_weights_from_distributed(

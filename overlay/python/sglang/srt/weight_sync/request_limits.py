@@ -1,16 +1,21 @@
-"""Bound the bodies of weight-update requests before they are parsed.
+"""Bound and check the bodies of weight-update requests before they are parsed.
 
 FastAPI parses a JSON body on the event loop: a 60 MB /prepare_weights_update
 (a million names) held every other request, generation included, for
 seconds before validation could refuse it. This ASGI middleware reads the
 body of the weight-update routes first and answers 413 once it passes the
-limit, without parsing it.
+limit, without parsing it. A body whose strings hold a lone UTF-16
+surrogate ("\\ud800", which Python's json accepts) is a 400: echoed in an
+answer or stored as a weight version it would make every later answer that
+carries it a 500.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import Any, Awaitable, Callable, Dict, FrozenSet
+import re
+from typing import Any, Awaitable, Callable, Dict, FrozenSet, Optional
 
 WEIGHT_UPDATE_ROUTES: FrozenSet[str] = frozenset(
     {
@@ -23,8 +28,11 @@ WEIGHT_UPDATE_ROUTES: FrozenSet[str] = frozenset(
         "/weights_checker",
         "/get_weights_by_name",
         "/update_weights_from_disk",
+        "/update_weight_version",
     }
 )
+# A \\uD800-\\uDFFF escape; whether it is lone is decided by parsing.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class WeightUpdateBodyLimit:
@@ -52,29 +60,70 @@ class WeightUpdateBodyLimit:
                 await self._refuse(send)
                 return
             more = message.get("more_body", False)
-        body = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        raw = b"".join(chunks)
+        # Parsed off the event loop, and only when an escape is there.
+        if _SURROGATE_ESCAPE.search(raw):
+            field = await asyncio.to_thread(_lone_surrogate_field, raw)
+            if field is not None:
+                message = f"{field}: holds a lone UTF-16 surrogate, not Unicode"
+                await _answer(send, 400, message)
+                return
+        body = {"type": "http.request", "body": raw, "more_body": False}
         await self.app(scope, _replay([body], receive), send)
 
     async def _refuse(self, send: Callable) -> None:
-        body = json.dumps(
-            {
-                "success": False,
-                "status": "error",
-                "message": f"body: larger than the {self.limit // 2**20} MiB "
-                f"--weight-update-max-request-mb allows",
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
+        await _answer(
+            send,
+            413,
+            f"body: larger than the {self.limit // 2**20} MiB "
+            f"--weight-update-max-request-mb allows",
         )
-        await send({"type": "http.response.body", "body": body})
+
+
+def _lone_surrogate_field(raw: bytes) -> Optional[str]:
+    """Where the body's first lone surrogate is (`buckets[0].names[3]`),
+    or None (none there, or not JSON: the route's own parser says so)."""
+    try:
+        stack = [("body", json.loads(raw))]
+    except ValueError:
+        return None
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not _encodes(key):
+                    return f"{where} (a key)"
+                stack.append((key if where == "body" else f"{where}.{key}", item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
+        elif isinstance(value, str) and not _encodes(value):
+            return where
+    return None
+
+
+def _encodes(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+async def _answer(send: Callable, status: int, message: str) -> None:
+    body = json.dumps(
+        {"success": False, "status": "error", "message": message}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
 
 
 def _replay(
