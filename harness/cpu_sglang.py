@@ -17,6 +17,8 @@ from pathlib import Path
 
 import requests
 
+from harness import netns
+
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build"
 PRISTINE_PYTHON = BUILD / "upstream" / "python"
@@ -171,14 +173,19 @@ def launch(
     env_overrides: dict[str, str] | None = None,
     port: int | None = None,
     sleep_on_idle: bool = True,
+    netns_host: netns.Host | None = None,
 ) -> Server:
+    """`netns_host`: start it inside that test host's network namespace,
+    listening on the host's address (harness.netns)."""
     stub = build_stub_libcuda(python)
     port = port or free_port()
+    address = netns_host.address if netns_host else "127.0.0.1"
     args = [
+        *(netns_host.command() if netns_host else []),
         python, "-m", "sglang.launch_server",
         "--model-path", str(Path(model_path).resolve()),
         "--device", "cpu", "--attention-backend", "torch_native",
-        "--disable-cuda-graph", "--host", "127.0.0.1", "--port", str(port),
+        "--disable-cuda-graph", "--host", address, "--port", str(port),
         "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
         "--tp", str(tp), "--skip-server-warmup",
         # Idle schedulers sleep instead of polling: 2 cores host several servers.
@@ -195,7 +202,7 @@ def launch(
     )  # fmt: skip
     log.close()
     server = Server(
-        url=f"http://127.0.0.1:{port}", port=port, tp=tp, pristine=pristine,
+        url=f"http://{address}:{port}", port=port, tp=tp, pristine=pristine,
         proc=proc, log_path=log_path, args=args,
     )  # fmt: skip
     try:

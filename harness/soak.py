@@ -141,7 +141,8 @@ def _benign(entry: dict[str, Any]) -> bool:
     """A recovery call that found nothing to undo."""
     message = entry.get("message", "")
     return not entry["ok"] and (
-        "no weight update session is open" in message or "does not exist" in message
+        "no weight update session is open" in message
+        or "group_name: no update group" in message
     )
 
 

@@ -161,3 +161,31 @@ def test_a_sender_that_counts_one_replica_fails_at_connect(dp_server):
     with pytest.raises(SyncError, match=r"brings 2 rank\(s\) .* counts 1"):
         sender.connect()
     sender.close()
+
+
+def test_the_router_counts_every_dp_and_tp_rank(dp_server):
+    """In front of a `--dp-size 2` worker the router sizes the fleet as two
+    ranks: /server_info says so, and a group init that counts one is refused
+    before any worker is asked."""
+    from fastapi.testclient import TestClient
+
+    from rlsync.router import RouterConfig, create_app
+
+    config = RouterConfig([dp_server.url], health_interval=600)
+    with TestClient(create_app(config)) as router:
+        assert router.get("/server_info").json() == {"tp_size": 2, "dp_size": 1}
+        (worker,) = router.get("/workers").json()["workers"]
+        assert (worker["tp_size"], worker["dp_size"]) == (1, 2), worker
+        resp = router.post(
+            "/init_weights_update_group",
+            json={
+                "master_address": "127.0.0.1",
+                "master_port": free_port(),
+                "rank_offset": 1,
+                "world_size": 2,
+                "group_name": f"dp_router_{free_port()}",
+                "backend": "gloo",
+            },
+        )
+        assert resp.status_code == 400, resp.text
+        assert resp.json()["message"].startswith("world_size: 2 but"), resp.json()

@@ -40,6 +40,14 @@ class EngineError(RuntimeError):
         )
 
 
+# Seconds to open a connection: longer means the host is unreachable (a
+# connect to a host behind a partition would otherwise wait out TCP's
+# retries, minutes, whatever the call's own timeout).
+CONNECT_TIMEOUT = 10.0
+# Seconds an HTTP call waits past the server-side timeout it sends, for the
+# answer to come back.
+HTTP_MARGIN = 30.0
+
 _http_clients: dict[int, httpx.Client] = {}
 _http_clients_lock = threading.Lock()
 
@@ -130,7 +138,7 @@ def call(
             method,
             url + endpoint,
             json=payload,
-            timeout=timeout,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT)),
             headers=bearer_headers(admin_key, api_key),
         )
     except httpx.HTTPError as e:
@@ -192,10 +200,18 @@ def init_weights_update_group(
         world_size=world_size,
         group_name=group_name,
         backend=backend,
+        # The engine gives up within it (patch 0002; older servers ignore it
+        # and wait torch's 30 minutes), and answers why.
+        timeout=timeout,
     )
     endpoint = "/init_weights_update_group"
     body = call(
-        url, endpoint, payload, timeout=timeout, admin_key=admin_key, api_key=api_key
+        url,
+        endpoint,
+        payload,
+        timeout=timeout + HTTP_MARGIN,
+        admin_key=admin_key,
+        api_key=api_key,
     )
     return _ok(url, endpoint, body)
 

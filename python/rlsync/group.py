@@ -16,6 +16,7 @@ import concurrent.futures as cf
 import inspect
 import logging
 import threading
+import time
 import weakref
 from datetime import timedelta
 from typing import Optional
@@ -27,6 +28,8 @@ from torch.distributed.distributed_c10d import (
     _new_process_group_helper,
     _world,
 )
+
+from rlsync.update_group_net import UpdateGroupInitError, init_group_on_route
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +109,38 @@ def join_update_group(
     backend: str = "gloo",
     timeout: float = 300.0,
 ) -> dist.ProcessGroup:
-    """Join (as `rank`, the trainer is 0) the group the engines join."""
+    """Join (as `rank`, the trainer is 0) the group the engines join, bound
+    to the interface that routes to the master address unless
+    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME is set; the whole join within
+    `timeout`, an UpdateGroupInitError naming the addresses otherwise."""
     _check_join_args(master_address, master_port, world_size, rank, group_name)
-    store = rendezvous_store(master_address, master_port, world_size, rank, timeout)
-    return new_update_group(
-        store, world_size, rank, group_name=group_name, backend=backend, timeout=timeout
+
+    def join(left: Optional[float]) -> dist.ProcessGroup:
+        deadline = time.monotonic() + (timeout if left is None else left)
+        store = rendezvous_store(
+            master_address, master_port, world_size, rank, _left(deadline)
+        )
+        return new_update_group(
+            store,
+            world_size,
+            rank,
+            group_name=group_name,
+            backend=backend,
+            timeout=_left(deadline),
+        )
+
+    return init_group_on_route(
+        join,
+        backend=backend,
+        master_address=master_address,
+        master_port=master_port,
+        timeout=timeout,
+        hosts_rendezvous=rank == 0,
     )
+
+
+def _left(deadline: float) -> float:
+    return max(1.0, deadline - time.monotonic())
 
 
 def leave_update_group(group: dist.ProcessGroup) -> None:
@@ -173,25 +202,19 @@ class GroupJoin:
 
     def _run(self) -> None:
         try:
-            self._enter("the rendezvous")
-            store = rendezvous_store(
-                self.master_address, self.master_port, self.world_size, 0, self.timeout
-            )
-            self._store = store  # kept until cancel() is done releasing it
-            self._enter("the process group")
-            group = new_update_group(
-                store,
-                self.world_size,
-                0,
-                group_name=self.group_name,
-                backend=self.backend,
-                timeout=self.timeout,
-            )
-            with self._lock:
-                if self._cancelled:
-                    leave_update_group(group)
-                    raise JoinCancelled("cancelled while the process group formed")
-                self._in_rendezvous = False
+            try:
+                group = init_group_on_route(
+                    self._join,
+                    backend=self.backend,
+                    master_address=self.master_address,
+                    master_port=self.master_port,
+                    timeout=self.timeout,
+                    hosts_rendezvous=True,
+                )
+            except UpdateGroupInitError as e:
+                if isinstance(e.__cause__, JoinCancelled):
+                    raise e.__cause__ from None
+                raise
             self.future.set_result(group)
         except BaseException as e:  # reported by result()
             with self._lock:
@@ -201,6 +224,29 @@ class GroupJoin:
             # Without its traceback: the frames would keep the rendezvous
             # store, and so its port, alive as long as the exception lives.
             self.future.set_exception(e.with_traceback(None))
+
+    def _join(self, left: Optional[float]) -> dist.ProcessGroup:
+        deadline = time.monotonic() + (self.timeout if left is None else left)
+        self._enter("the rendezvous")
+        store = rendezvous_store(
+            self.master_address, self.master_port, self.world_size, 0, _left(deadline)
+        )
+        self._store = store  # kept until cancel() is done releasing it
+        self._enter("the process group")
+        group = new_update_group(
+            store,
+            self.world_size,
+            0,
+            group_name=self.group_name,
+            backend=self.backend,
+            timeout=_left(deadline),
+        )
+        with self._lock:
+            if self._cancelled:
+                leave_update_group(group)
+                raise JoinCancelled("cancelled while the process group formed")
+            self._in_rendezvous = False
+        return group
 
     def _release_rendezvous(self) -> None:
         """The rendezvous host waits until `world_size` ranks have connected;

@@ -18,10 +18,13 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def parse_json_object(raw: bytes) -> dict:
-    """`raw` as a JSON object ({} when empty); ValueError naming `body`."""
+def parse_json_object(raw: bytes, empty_ok: bool = True) -> dict:
+    """`raw` as a JSON object ({} when empty, if `empty_ok`); ValueError
+    naming `body`."""
     if not raw.strip():
-        return {}
+        if empty_ok:
+            return {}
+        raise ValueError("body: expected a JSON object, got nothing")
     try:
         body = json.loads(raw, parse_constant=_no_constant)
     except ValueError as e:  # also bytes that are not UTF-8
@@ -44,7 +47,9 @@ def _is_unicode(value: Any) -> bool:
 
 
 async def read_json_object(
-    chunks: AsyncIterator[bytes], max_bytes: int = DEFAULT_MAX_BODY_BYTES
+    chunks: AsyncIterator[bytes],
+    max_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    empty_ok: bool = True,
 ) -> dict:
     """The body from its chunks (Starlette's `request.stream()`), refused
     once it passes `max_bytes` without reading the rest."""
@@ -54,7 +59,7 @@ async def read_json_object(
         if size > max_bytes:
             raise BodyTooLarge(f"body: larger than {_size(max_bytes)}")
         parts.append(chunk)
-    return parse_json_object(b"".join(parts))
+    return parse_json_object(b"".join(parts), empty_ok)
 
 
 def _size(num_bytes: int) -> str:

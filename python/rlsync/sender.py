@@ -407,6 +407,7 @@ class WeightSender:
                     e.url,
                     group_name=self.group_name,
                     apply=False,
+                    **self._complete_timeouts,
                     **e.keys,
                 )
             )
@@ -427,6 +428,7 @@ class WeightSender:
                 group_name=self.group_name,
                 weight_version=weight_version,
                 flush_cache=flush_cache,
+                **self._complete_timeouts,
                 **e.keys,
             )
         )
@@ -462,6 +464,12 @@ class WeightSender:
             len(self.engines),
         )
         return result
+
+    @property
+    def _complete_timeouts(self) -> dict[str, float]:
+        """An engine waits for missing bytes (or, for a cache flush, for
+        in-flight requests) no longer than this sender's timeout."""
+        return {"wait_timeout": self.timeout, "timeout": self.timeout + 60}
 
     def _broadcast(self, buckets: list[Bucket], report: Optional[Progress]) -> None:
         broadcast_buckets(buckets, self.group, self.device, report)

@@ -258,6 +258,41 @@ def regenerate_overlay(layout: Layout) -> list[str]:
     return files
 
 
+# Modules of the series that the trainer library carries as generated copies
+# (standard library only): copy -> overlay source. `make overlay` writes them;
+# `make check` fails on drift. Edit the source in build/work, never the copy.
+VENDORED = {
+    "python/rlsync/update_group_net.py": (
+        "python/sglang/srt/weight_sync/update_group_net.py"
+    ),
+}
+
+
+def vendored_text(layout: Layout, source: str) -> str:
+    header = f"# Generated from overlay/{source} by `make overlay`; do not edit.\n"
+    return header + (layout.overlay_dir / source).read_text()
+
+
+def regenerate_vendored(layout: Layout) -> list[str]:
+    for copy, source in VENDORED.items():
+        (layout.root / copy).write_text(vendored_text(layout, source))
+    return sorted(VENDORED)
+
+
+def check_vendored(layout: Layout) -> list[str]:
+    problems = []
+    for copy, source in VENDORED.items():
+        path = layout.root / copy
+        if not (layout.overlay_dir / source).is_file():
+            problems.append(f"{copy}: its source overlay/{source} is missing")
+        elif not path.is_file() or path.read_text() != vendored_text(layout, source):
+            problems.append(
+                f"{copy}: differs from overlay/{source} (edit build/work, "
+                f"then `make patches overlay`)"
+            )
+    return problems
+
+
 def overlay_files(layout: Layout) -> list[str]:
     if not layout.overlay_dir.is_dir():
         return []
@@ -309,6 +344,7 @@ def check(layout: Layout) -> list[str]:
         for rel in sorted(present - set(files)):
             problems.append(f"overlay/{rel}: no patch touches this file")
     problems.extend(check_series_number(layout))
+    problems.extend(check_vendored(layout))
     return problems
 
 

@@ -168,7 +168,7 @@ def _public(engine: Engine) -> dict[str, Any]:
 
 async def _json(request: Request) -> Any:
     try:
-        return await read_json_object(request.stream(), MAX_BODY_BYTES)
+        return await read_json_object(request.stream(), MAX_BODY_BYTES, False)
     except BodyTooLarge as e:
         raise _BadRequest(str(e), status=413) from e
     except ValueError as e:

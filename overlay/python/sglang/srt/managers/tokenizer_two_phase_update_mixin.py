@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import fastapi
 import pydantic
+
 from sglang.srt.managers.io_struct import (
     AbortWeightsUpdateReqInput,
     AbortWeightsUpdateReqOutput,

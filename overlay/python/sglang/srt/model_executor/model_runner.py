@@ -194,6 +194,7 @@ from sglang.srt.weight_sync.tensor_bucket import (
     FlattenedTensorBucket,
     FlattenedTensorMetadata,
 )
+from sglang.srt.weight_sync.update_group_net import init_group_on_route
 
 _is_hip = is_hip()
 _is_npu = is_npu()
@@ -1539,15 +1540,24 @@ class ModelRunner(ModelRunnerKVCacheMixin):
 
         try:
             na = NetworkAddress(master_address, master_port)
-            self._model_update_group[group_name] = init_custom_process_group(
-                backend=backend,
-                init_method=na.to_tcp(),
-                world_size=world_size,
-                rank=rank,
-                group_name=group_name,
-                timeout=(
-                    None if timeout is None else datetime.timedelta(seconds=timeout)
+            # Bound to the interface that routes to the master (unless
+            # GLOO/NCCL_SOCKET_IFNAME is set); the whole init within timeout.
+            self._model_update_group[group_name] = init_group_on_route(
+                lambda left: init_custom_process_group(
+                    backend=backend,
+                    init_method=na.to_tcp(),
+                    world_size=world_size,
+                    rank=rank,
+                    group_name=group_name,
+                    timeout=(
+                        None if left is None else datetime.timedelta(seconds=left)
+                    ),
                 ),
+                backend=backend,
+                master_address=master_address,
+                master_port=master_port,
+                timeout=timeout,
+                hosts_rendezvous=rank == 0,
             )
             return True, "Succeeded to initialize custom process group."
         except Exception as e:

@@ -21,6 +21,7 @@ FEATURES = (
     "rank_results",  # 0007: admin weight operations answer every TP rank
     "idle_scheduler_yields_to_receiver",  # 0008
     "data_parallel_weight_update",  # 0010: every DP replica joins and applies
+    "update_group_on_route",  # 0011: bound to the route to the master
 )
 
 
