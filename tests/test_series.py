@@ -24,6 +24,9 @@ def scratch(tmp_path, upstream_tree) -> series.Layout:
     shutil.copy(ROOT / "upstream.pin", root)
     shutil.copytree(ROOT / "patches", root / "patches")
     shutil.copytree(ROOT / "overlay", root / "overlay")
+    for copy in series.VENDORED:
+        (root / copy).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / copy, root / copy)
     (root / "build").mkdir()
     (root / "build" / "upstream").symlink_to(upstream_tree)
     return series.Layout(root)
@@ -182,6 +185,19 @@ def test_series_number_bump_without_the_server_fails_check(scratch):
     assert proc.returncode == 1
     assert "weight_sync/rlsync_info.py: SERIES = " in proc.stderr
     assert "upstream.pin says series = 99" in proc.stderr
+
+
+def test_a_hand_edited_generated_copy_fails_check(scratch):
+    """The trainer library's copy of a series module is generated, never
+    edited: check names it, and `make overlay` puts it back."""
+    (copy,) = series.VENDORED
+    path = scratch.root / copy
+    path.write_text(path.read_text() + "# edited by hand\n")
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"{copy}: differs from overlay/" in proc.stderr
+    series.regenerate_overlay(scratch)
+    assert run_check(scratch).returncode == 0
 
 
 def test_pin_names_the_pinned_release():

@@ -255,6 +255,7 @@ def regenerate_overlay(layout: Layout) -> list[str]:
             dst = layout.overlay_dir / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(tmp) / rel, dst)
+    regenerate_vendored(layout)
     return files
 
 
@@ -275,6 +276,7 @@ def vendored_text(layout: Layout, source: str) -> str:
 
 def regenerate_vendored(layout: Layout) -> list[str]:
     for copy, source in VENDORED.items():
+        (layout.root / copy).parent.mkdir(parents=True, exist_ok=True)
         (layout.root / copy).write_text(vendored_text(layout, source))
     return sorted(VENDORED)
 
