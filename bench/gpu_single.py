@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import psum61_triton  # noqa: E402
 from psum61_triton import psum61_digest_cuda, psum61_partials  # noqa: E402
+
 from rlsync.digest import digest_bytes, digest_tensors  # noqa: E402
 
 GIB = 1 << 30

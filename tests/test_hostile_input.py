@@ -120,6 +120,28 @@ def test_a_lone_surrogate_group_name_is_400(keyed, path, body):
 
 
 @pytest.mark.parametrize(
+    "path",
+    [
+        "/prepare_weights_update",
+        "/complete_weights_update",
+        "/init_weights_update_group",
+        "/update_weights_from_disk",
+        "/weights_checker",
+    ],
+)
+def test_deeply_nested_bodies_are_400(keyed, path):
+    for body in (
+        "[" * 5000 + "]" * 5000,
+        '{"group_name": ' + "[" * 3000 + "]" * 3000 + "}",
+    ):
+        resp = admin(keyed.url, path, body)
+        assert resp.status_code == 400, (path, resp.status_code, resp.text[:300])
+        if path == "/prepare_weights_update":
+            assert resp.json()["message"] == "body: nested too deeply", resp.text
+    assert keyed.alive()
+
+
+@pytest.mark.parametrize(
     "path,body,field",
     [
         (

@@ -526,38 +526,57 @@ def test_malformed_authorization_without_a_router_key_is_a_401(server_tp1):
         ("/init_weights_update_group", b"{", "body: not JSON"),
         (
             "/init_weights_update_group",
-            b'{"rank_offset": "1", "world_size": 2}',
+            b'{"master_address": "h", "master_port": 1, "rank_offset": "1", "world_size": 2}',
             "rank_offset: expected an integer",
         ),
         (
             "/init_weights_update_group",
-            b'{"rank_offset": true, "world_size": 2}',
+            b'{"master_address": "h", "master_port": 1, "rank_offset": true, "world_size": 2}',
             "rank_offset: expected an integer",
         ),
         (
             "/init_weights_update_group",
-            b'{"rank_offset": 0, "world_size": 2}',
+            b'{"master_address": "h", "master_port": 1, "rank_offset": 0, "world_size": 2}',
             "rank_offset: expected an integer",
         ),
         (
             "/init_weights_update_group",
-            b'{"rank_offset": 1, "world_size": 2.5}',
+            b'{"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 2.5}',
             "world_size: expected an integer",
         ),
         (
             "/init_weights_update_group",
-            b'{"rank_offset": 1, "world_size": null}',
+            b'{"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": null}',
             "world_size: expected an integer",
         ),
         (
             "/init_weights_update_group",
-            b'{"rank_offset": 1, "world_size": 9}',
+            b'{"master_address": "h", "master_port": 1, "rank_offset": 1, "world_size": 9}',
             "world_size: 9 but",
         ),
         ("/prepare_weights_update", b"[]", "body: expected a JSON object"),
         ("/complete_weights_update", b"Infinity", "body: not JSON"),
         ("/pause_generation", b"\x00", "body: not JSON"),
         ("/weights_checker", b"1", "body: expected a JSON object"),
+        ("/init_weights_update_group", b"{}", "master_address: expected"),
+        (
+            "/init_weights_update_group",
+            b'{"master_address": "h", "master_port": 70000}',
+            "master_port: expected",
+        ),
+        (
+            "/init_weights_update_group",
+            b'{"master_address": "h", "master_port": 1, "timeout": "5"}',
+            "timeout: expected",
+        ),
+        (
+            "/init_weights_update_group",
+            b'{"master_address": "h", "master_port": 1, "timeout": 1e300,'
+            b' "group_name": 5}',
+            "group_name: expected a string",
+        ),
+        ("/update_weights_from_disk", b"[" * 5000 + b"]" * 5000, "body: nested"),
+        ("/weights_checker", b'{"a": ' * 3000 + b"1" + b"}" * 3000, "body: nested"),
         (
             "/workers/disable",
             b'{"url": "WORKER", "reason": "\\ud800"}',

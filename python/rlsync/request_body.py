@@ -29,6 +29,8 @@ def parse_json_object(raw: bytes, empty_ok: bool = True) -> dict:
         body = json.loads(raw, parse_constant=_no_constant)
     except ValueError as e:  # also bytes that are not UTF-8
         raise ValueError(f"body: not JSON: {e}") from e
+    except RecursionError:
+        raise ValueError("body: nested too deeply") from None
     if not isinstance(body, dict):
         raise ValueError(f"body: expected a JSON object, got {type(body).__name__}")
     for key, value in body.items():
@@ -43,6 +45,8 @@ def _is_unicode(value: Any) -> bool:
         json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         return False
+    except RecursionError:
+        raise ValueError("body: nested too deeply") from None
     return True
 
 

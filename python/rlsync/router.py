@@ -353,8 +353,7 @@ class Router:
     ) -> JSONResponse:
         if path == "/init_weights_update_group":
             try:  # checked before anything else, before the lock
-                _int_field(body, "rank_offset", 1)
-                _int_field(body, "world_size", 2)
+                _check_init_body(body)
             except ValueError as e:
                 return _bad(str(e))
         if path in LOCKED_ROUTES:
@@ -463,7 +462,9 @@ class Router:
             "success": ok,
             "answer": answer,
         }
-        if path == "/init_weights_update_group" and not ok:
+        # A worker that refused the caller (key, body) changed nothing; one
+        # whose init failed is out of the fleet's group until enabled.
+        if path == "/init_weights_update_group" and not ok and not refused(resp):
             w.disabled, w.reason = (
                 True,
                 f"init_weights_update_group failed: {_message(answer)}",
@@ -572,6 +573,40 @@ def _bad(error: Union[str, ValueError]) -> JSONResponse:
     """400 naming the field, or 413 for a body past its bound."""
     status = 413 if isinstance(error, BodyTooLarge) else 400
     return JSONResponse({"success": False, "message": str(error)}, status_code=status)
+
+
+def refused(resp: httpx.Response) -> bool:
+    """The worker refused the request itself (authentication, a body it
+    could not take) rather than failing at the operation."""
+    return resp.status_code in (401, 403, 413, 422)
+
+
+def _check_init_body(body: dict) -> None:
+    """The fields a worker's group init needs, checked before any worker is
+    asked: a malformed init must not take the fleet out of routing."""
+    address = body.get("master_address")
+    if not isinstance(address, str) or not address:
+        raise ValueError(
+            f"master_address: expected a host name or address, got {address!r:.80}"
+        )
+    port = body.get("master_port")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"master_port: expected an integer 1..65535, got {port!r:.80}")
+    for name in ("group_name", "backend"):
+        if name in body and not isinstance(body[name], str):
+            raise ValueError(f"{name}: expected a string, got {body[name]!r:.80}")
+    timeout = body.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not math.isfinite(timeout)
+        or timeout <= 0
+    ):
+        raise ValueError(
+            f"timeout: expected a finite number of seconds > 0, got {timeout!r:.80}"
+        )
+    _int_field(body, "rank_offset", 1)
+    _int_field(body, "world_size", 2)
 
 
 def _int_field(body: dict, name: str, default: int) -> int:

@@ -1429,8 +1429,9 @@ class InitWeightsUpdateGroupReqInput(BaseReq):
     group_name: str = "weight_update_group"
     # The backend
     backend: str = "nccl"
-    # Seconds to wait for every rank to join (None: torch's default)
-    timeout: Optional[float] = None
+    # Seconds the whole init may take (None, and at most: the operator's
+    # --weight-update-health-deadline)
+    timeout: Optional[StrictFloat] = None
 
     def __post_init__(self):
         check_timeout_seconds(self.timeout)

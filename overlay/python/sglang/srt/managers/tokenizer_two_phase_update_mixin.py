@@ -309,6 +309,8 @@ def parse_prepare_body(body: bytes) -> PrepareWeightsUpdateReqInput:
         payload = json.loads(body)
     except ValueError as e:
         raise ValueError(f"body: not JSON ({e})") from None
+    except RecursionError:
+        raise ValueError("body: nested too deeply") from None
     if not isinstance(payload, dict):
         raise ValueError("body: must be a JSON object")
     try:

@@ -1538,6 +1538,9 @@ class ModelRunner(ModelRunnerKVCacheMixin):
             f"rank_offset={rank_offset}, rank={rank}, world_size={world_size}, group_name={group_name}, backend={backend}"
         )
 
+        # The operator's deadline bounds the init: it blocks this scheduler.
+        deadline = self.server_args.weight_update_health_deadline
+        timeout = deadline if timeout is None else min(timeout, deadline)
         try:
             na = NetworkAddress(master_address, master_port)
             # Bound to the interface that routes to the master (unless

@@ -85,7 +85,7 @@ def _lone_surrogate_field(raw: bytes) -> Optional[str]:
     or None (none there, or not JSON: the route's own parser says so)."""
     try:
         stack = [("body", json.loads(raw))]
-    except ValueError:
+    except (ValueError, RecursionError):  # the route's own parser answers
         return None
     while stack:
         where, value = stack.pop()
