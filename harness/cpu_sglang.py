@@ -176,9 +176,41 @@ def launch(
     netns_host: netns.Host | None = None,
 ) -> Server:
     """`netns_host`: start it inside that test host's network namespace,
-    listening on the host's address (harness.netns)."""
+    listening on the host's address (harness.netns). Without `port`, a free
+    one is picked, and picked again if another process takes it first."""
+    for attempt in range(3):
+        try:
+            return _launch_once(
+                model_path, log_path, tp=tp, pristine=pristine,
+                extra_args=extra_args, python=python, ready_timeout=ready_timeout,
+                env_overrides=env_overrides, port=port or free_port(),
+                sleep_on_idle=sleep_on_idle, netns_host=netns_host,
+            )  # fmt: skip
+        except PortTaken:
+            if port is not None or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+class PortTaken(RuntimeError):
+    """Another process bound the server's port between its pick and its bind."""
+
+
+def _launch_once(
+    model_path: Path,
+    log_path: Path,
+    *,
+    tp: int,
+    pristine: bool,
+    extra_args: list[str] | None,
+    python: str,
+    ready_timeout: float,
+    env_overrides: dict[str, str] | None,
+    port: int,
+    sleep_on_idle: bool,
+    netns_host: netns.Host | None,
+) -> Server:
     stub = build_stub_libcuda(python)
-    port = port or free_port()
     address = netns_host.address if netns_host else "127.0.0.1"
     args = [
         *(netns_host.command() if netns_host else []),
@@ -216,16 +248,22 @@ def launch(
 def wait_healthy(server: Server, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not server.alive():
-            raise RuntimeError(
+        taken = "address already in use" in server.log()
+        if taken or not server.alive():
+            message = (
                 f"SGLang server exited with {server.proc.returncode} while starting; "
                 f"log tail:\n{server.log()[-4000:]}"
             )
+            raise PortTaken(message) if taken else RuntimeError(message)
         try:
-            if requests.get(server.url + "/health", timeout=5).status_code == 200:
-                return
+            healthy = requests.get(server.url + "/health", timeout=5).status_code == 200
         except requests.RequestException:
-            pass
+            healthy = False
+        # A 200 could come from whoever took the port: this server must have
+        # reached startup too.
+        if healthy and "Application startup complete" in server.log():
+            if "address already in use" not in server.log():
+                return
         time.sleep(0.25)
     raise TimeoutError(
         f"SGLang server not healthy after {timeout}s; log tail:\n{server.log()[-4000:]}"
