@@ -331,7 +331,12 @@ def test_restarted_worker_waits_for_the_fleet_version(
     restarted = launch(tiny_model, BUILD / "logs" / "router-restarted.log", port=b.port)
     try:
         state = wait_for(
-            lambda: (w := router.workers()[b.url]) and not w["dead"] and w, 30, "b back"
+            lambda: (w := router.workers()[b.url])
+            and not w["dead"]
+            and w["weight_version"] is not None
+            and w,
+            30,
+            "b back, its version read",
         )
         assert state["rejoining"] and not state["routable"], state
         assert "rejoining (weight_version=default)" in state["state"]

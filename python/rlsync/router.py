@@ -261,6 +261,7 @@ class Router:
                 continue
             if w.dead:  # back, maybe restarted: serve only at the fleet's version
                 w.dead, w.rejoining, w.reason = False, True, "rejoined"
+                w.weight_version = None  # unknown until read again
                 self.log("alive", w.url)
                 try:
                     await self.read_tp_size(w)  # it may have restarted otherwise
