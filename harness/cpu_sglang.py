@@ -181,11 +181,18 @@ def launch(
     for attempt in range(3):
         try:
             return _launch_once(
-                model_path, log_path, tp=tp, pristine=pristine,
-                extra_args=extra_args, python=python, ready_timeout=ready_timeout,
-                env_overrides=env_overrides, port=port or free_port(),
-                sleep_on_idle=sleep_on_idle, netns_host=netns_host,
-            )  # fmt: skip
+                model_path,
+                log_path,
+                tp=tp,
+                pristine=pristine,
+                extra_args=extra_args,
+                python=python,
+                ready_timeout=ready_timeout,
+                env_overrides=env_overrides,
+                port=port or free_port(),
+                sleep_on_idle=sleep_on_idle,
+                netns_host=netns_host,
+            )
         except PortTaken:
             if port is not None or attempt == 2:
                 raise
