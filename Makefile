@@ -1,12 +1,15 @@
 # rlsync: patch series, overlay and forked wheel for SGLang, plus the trainer library.
+# Developer tooling (devtools/) is driven from here and never shipped.
 # `make help` lists the targets.
 
 PYTHON   ?= python3
-RLSYNC   := PYTHONPATH=$(CURDIR)/python $(PYTHON) -m rlsync.cli
+DEVTOOLS := PYTHONPATH=$(CURDIR) $(PYTHON) -m devtools
 VENV_PY  := .venv/bin/python
 SERIES   := $(shell sed -n 's/^series *= *//p' upstream.pin)
 VERSION  := $(shell sed -n 's/^version *= *//p' upstream.pin)
 WHEEL    := dist/sglang-$(VERSION)+rlsync.$(SERIES)-py3-none-any.whl
+LIB_VERSION := $(shell sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' python/rlsync/__init__.py)
+LIB_WHEEL := dist/rlsync-$(LIB_VERSION)-py3-none-any.whl
 PYTEST_ARGS ?=
 
 .PHONY: help upstream worktree patches overlay check apply revert pr-branch \
@@ -28,42 +31,44 @@ help:
 	@echo "make bench-cpu                  CPU benchmark: raw vs upstream vs two-phase (bench/results/)"
 
 upstream:
-	@$(RLSYNC) upstream
+	@$(DEVTOOLS) upstream
 
 worktree:
-	@$(RLSYNC) worktree
+	@$(DEVTOOLS) worktree
 
 patches:
-	@$(RLSYNC) patches
+	@$(DEVTOOLS) patches
 
 overlay:
-	@$(RLSYNC) overlay
+	@$(DEVTOOLS) overlay
 
 check:
-	@$(RLSYNC) check
+	@$(DEVTOOLS) check
 
 apply revert pr-branch:
 	@test -n "$(SGLANG_DIR)" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }
-	@$(RLSYNC) $@ "$(SGLANG_DIR)"
+	@$(DEVTOOLS) $@ "$(SGLANG_DIR)"
 
 venv:
 	@PYTHON=$(PYTHON) tools/venv.sh
 
-wheel: venv check
+# Both wheels build with setuptools alone (fetched into pip's isolated build
+# environment under the constraints): no test environment needed.
+wheel: check
 	@rm -rf dist build/wheel-src build/bdist* build/lib
-	@$(VENV_PY) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
-	@rm -rf *.egg-info python/*.egg-info
+	@PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PYTHON) -m pip wheel --quiet --no-deps -w dist . ./python
+	@rm -rf *.egg-info python/*.egg-info python/build
 	@ls dist/*.whl
 
-install: wheel
-	@$(VENV_PY) -m pip install --quiet --no-deps --force-reinstall $(WHEEL)
+install: venv wheel
+	@$(VENV_PY) -m pip install --quiet --no-deps --force-reinstall $(WHEEL) $(LIB_WHEEL)
 
 test: install
 	@$(VENV_PY) -m pytest $(PYTEST_ARGS)
 
 format:
-	@$(VENV_PY) -m black python harness tests bench setup.py
-	@$(VENV_PY) -m isort --profile black -p sglang -p rlsync -p harness python harness tests bench setup.py
+	@$(VENV_PY) -m black python devtools harness tests bench setup.py
+	@$(VENV_PY) -m isort --profile black -p sglang -p rlsync -p harness -p devtools python devtools harness tests bench setup.py
 
 clean:
 	rm -rf build dist .pytest_cache

@@ -1,8 +1,9 @@
 """The forked wheel: sglang <pin>+rlsync.<n> = pristine sdist + patch series,
-plus the trainer-side `rlsync` package.
+nothing else (the trainer library is its own distribution, `python/`).
 
-Build with `make wheel`. Install requirements are read from the pinned sdist's
-metadata, so they are exactly upstream's.
+Build with `make wheel`: setuptools and the standard library only. Install
+requirements are read from the pinned sdist's metadata, so they are exactly
+upstream's.
 """
 
 import re
@@ -14,9 +15,9 @@ from pathlib import Path
 from setuptools import find_namespace_packages, setup
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "python"))
+sys.path.insert(0, str(ROOT))
 
-from rlsync.series import Layout, ensure_upstream, patched_tree  # noqa: E402
+from devtools.series import Layout, ensure_upstream, patched_tree  # noqa: E402
 
 _EXTRA = re.compile(r'\s*(?:and\s+)?extra == "([^"]+)"\s*')
 
@@ -56,10 +57,7 @@ def stage(layout: Layout) -> Path:
         f"__version_tuple__ = version_tuple = {tuple(re.split(r'[.+]', version))!r}\n"
         "__commit_id__ = commit_id = None\n"
     )
-    shutil.copytree(
-        ROOT / "python" / "rlsync", out / "rlsync",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )  # fmt: skip
+    shutil.copyfile(pristine / "LICENSE", out / "LICENSE")
     return out
 
 
@@ -70,13 +68,14 @@ install_requires, extras_require = upstream_requirements(
     layout.upstream_dir / "python" / "PKG-INFO"
 )
 # Upstream's pyproject finds namespace packages and ships every file in them.
-packages = find_namespace_packages(str(src), include=["sglang", "sglang.*", "rlsync"])
+packages = find_namespace_packages(str(src), include=["sglang", "sglang.*"])
 
 setup(
     name="sglang",
     version=pin.local_version,
     description=f"SGLang {pin.version} with the rlsync weight-update series",
     license="Apache-2.0",
+    license_files=[str((src / "LICENSE").relative_to(ROOT))],
     python_requires=">=3.10",
     package_dir={"": str(src.relative_to(ROOT))},
     packages=packages,
@@ -88,7 +87,6 @@ setup(
         "console_scripts": [
             "sglang = sglang.cli.main:main",
             "killall_sglang = sglang.cli.killall:main",
-            "rlsync = rlsync.cli:main",
         ]
     },
 )

@@ -25,7 +25,7 @@ def tiny_model() -> Path:
 @pytest.fixture(scope="session")
 def upstream_tree() -> Path:
     """build/upstream (pristine sdist as python/), fetched once."""
-    from rlsync.series import Layout, ensure_upstream
+    from devtools.series import Layout, ensure_upstream
 
     return ensure_upstream(Layout(ROOT))
 

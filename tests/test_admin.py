@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from devtools.pin import read_pin
 from harness.cpu_sglang import free_port
 from rlsync import client
-from rlsync.pin import read_pin
 from rlsync.sender import Engine, SyncError, WeightSender
 
 ROOT = Path(__file__).resolve().parents[1]

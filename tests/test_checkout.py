@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlsync import checkout, series
+from devtools import checkout, series
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = series.Layout(ROOT)

@@ -169,7 +169,7 @@ def test_the_router_counts_every_dp_and_tp_rank(dp_server):
     before any worker is asked."""
     from fastapi.testclient import TestClient
 
-    from rlsync.router import RouterConfig, create_app
+    from rlsync.services.router import RouterConfig, create_app
 
     config = RouterConfig([dp_server.url], health_interval=600)
     with TestClient(create_app(config)) as router:

@@ -25,14 +25,14 @@ from fastapi.testclient import TestClient
 from harness.cpu_sglang import free_port
 from harness.weights import greedy, randomized
 from rlsync import client
-from rlsync.router import (
+from rlsync.sender import Engine, SyncError, WeightSender
+from rlsync.services.router import (
     GENERATION_ROUTES,
     LOCKED_ROUTES,
     OTHER_ADMIN_ROUTES,
     RouterConfig,
     create_app,
 )
-from rlsync.sender import Engine, SyncError, WeightSender
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ROOT / "build" / "logs"
@@ -647,7 +647,7 @@ def foreign_service():
 
 
 def test_worker_that_is_not_sglang_is_named_not_marked_dead(foreign_service, caplog):
-    caplog.set_level(logging.WARNING, logger="rlsync.router")
+    caplog.set_level(logging.WARNING, logger="rlsync.services.router")
     config = RouterConfig([foreign_service], health_interval=600)
     with TestClient(create_app(config)) as http_client:
         (state,) = http_client.get("/workers").json()["workers"]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlsync import series
-from rlsync.pin import Pin, PinError, read_pin, unpack_sdist
+from devtools import series
+from devtools.pin import Pin, PinError, read_pin, unpack_sdist
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +24,7 @@ def scratch(tmp_path, upstream_tree) -> series.Layout:
     shutil.copy(ROOT / "upstream.pin", root)
     shutil.copytree(ROOT / "patches", root / "patches")
     shutil.copytree(ROOT / "overlay", root / "overlay")
-    for copy in series.VENDORED:
+    for copy in (*series.VENDORED, series.LIBRARY_INIT):
         (root / copy).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / copy, root / copy)
     (root / "build").mkdir()
@@ -33,11 +33,13 @@ def scratch(tmp_path, upstream_tree) -> series.Layout:
 
 
 def run_check(layout: series.Layout) -> subprocess.CompletedProcess:
-    """`rlsync check`, the command behind `make check`."""
+    """`python -m devtools check`, the command behind `make check`."""
     return subprocess.run(
-        [sys.executable, "-m", "rlsync.cli", "--root", str(layout.root), "check"],
-        capture_output=True, text=True, env={"PYTHONPATH": str(ROOT / "python"), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        [sys.executable, "-m", "devtools", "--root", str(layout.root), "check"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def overlay_file(layout: series.Layout) -> Path:
@@ -208,7 +210,7 @@ def test_pin_names_the_pinned_release():
 
 
 def test_sdist_hash_mismatch_stops_with_clear_error(tmp_path, upstream_tree):
-    from rlsync.pin import cache_dir
+    from devtools.pin import cache_dir
 
     good = read_pin(ROOT / "upstream.pin")
     sdist = cache_dir() / "sdist" / good.sha256 / good.sdist
@@ -225,3 +227,11 @@ def test_upstream_unpacks_sdist_as_python_folder(upstream_tree):
         upstream_tree / "python" / "sglang" / "srt" / "utils" / "watchdog.py"
     ).is_file()
     assert (upstream_tree / "python" / "pyproject.toml").is_file()
+
+
+def test_check_fails_when_the_library_speaks_another_series(scratch):
+    init = scratch.root / series.LIBRARY_INIT
+    init.write_text(init.read_text().replace("SERIES = ", "SERIES = 9"))
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"{series.LIBRARY_INIT}: SERIES is not" in proc.stderr

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rlsync import series
+from devtools import series
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = series.Layout(ROOT)
@@ -50,6 +50,9 @@ def test_overlay_imports_sorted_where_upstream_was():
 
 def test_our_code_is_black_clean():
     proc = run(
-        "black", "--check", "--quiet", "python", "harness", "tests", "bench", "setup.py"
+        "black",
+        "--check",
+        "--quiet",
+        *("python", "devtools", "harness", "tests", "bench", "setup.py"),
     )
     assert proc.returncode == 0, f"run `make format`:\n{proc.stderr}"

@@ -1,4 +1,4 @@
-"""The trainer's control API (`rlsync.trainer_server`) as a hostile caller
+"""The trainer's control API (`rlsync.services.trainer_server`) as a hostile caller
 sees it: no key, a wrong or malformed key, hosts that are not hosts (the
 trainer would send them the engines' admin key and join them to the update
 group), out-of-range sizes. Every refusal is a 4xx naming what is wrong, it
@@ -16,7 +16,11 @@ from fastapi.testclient import TestClient
 
 from harness.cpu_sglang import free_port
 from rlsync import client
-from rlsync.trainer_server import API_KEY_ENV, MAX_WORLD_SIZE, create_trainer_app
+from rlsync.services.trainer_server import (
+    API_KEY_ENV,
+    MAX_WORLD_SIZE,
+    create_trainer_app,
+)
 
 API_KEY = "trainer-api-key-0123456789"
 ADMIN_KEY = "engine-admin-key-9876543210"

@@ -1,4 +1,4 @@
-"""The trainer's control API (`rlsync.trainer_server`) against two real
+"""The trainer's control API (`rlsync.services.trainer_server`) against two real
 servers (TP 1 + TP 2): register the engines, sync, sync back; bad input is a
 4xx naming the field. Its security (keys, hosts, sizes, secrets) is in
 test_trainer_security.py."""
@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from harness.cpu_sglang import free_port
 from harness.weights import greedy, randomized
 from rlsync import client
-from rlsync.trainer_server import create_trainer_app
+from rlsync.services.trainer_server import create_trainer_app
 
 API_KEY = "trainer-api-key-0123456789"
 ADMIN_KEY = "engine-admin-key-9876543210"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from devtools.series import VENDORED
 from rlsync import update_group_net as net
-from rlsync.series import VENDORED
 
 ROOT = Path(__file__).resolve().parents[1]
 

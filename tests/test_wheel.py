@@ -1,25 +1,33 @@
 """The forked wheel: upstream's requirements, the patched modules, the local
-version; and `python/` installable alone as the trainer-side `rlsync`."""
+version, nothing else; and `python/` installable alone as the trainer-side
+`rlsync`, every command of which works outside this repository."""
 
 from __future__ import annotations
 
 import email.parser
+import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import sysconfig
+import time
 import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
 from packaging.requirements import Requirement
 
-from rlsync import series
+import rlsync
+from devtools import series
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = series.Layout(ROOT)
 PIN = LAYOUT.pin()
 WHEEL = ROOT / "dist" / f"sglang-{PIN.local_version}-py3-none-any.whl"
+LIB_WHEEL = ROOT / "dist" / f"rlsync-{rlsync.__version__}-py3-none-any.whl"
 
 
 def requires(metadata_text: str) -> set[str]:
@@ -53,14 +61,35 @@ def test_wheel_ships_every_upstream_file_and_patched_ones(wheel, upstream_tree):
     for rel in series.series_files(LAYOUT.patches()):
         inner = Path(rel).relative_to("python").as_posix()
         assert wheel.read(inner) == (LAYOUT.overlay_dir / rel).read_bytes(), inner
-    assert "rlsync/series.py" in names
+    # Pristine + overlay only: the trainer library is its own distribution.
+    assert not [n for n in names if n.startswith("rlsync")]
+    assert not [n for n in names if n.startswith("devtools")]
+    assert [
+        n for n in names if n.endswith("dist-info/licenses/LICENSE") or "/LICENSE" in n
+    ]
     entry = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
-    assert "rlsync = rlsync.cli:main" in wheel.read(entry).decode()
+    assert "rlsync" not in wheel.read(entry).decode()
 
 
-def test_wheel_in_fresh_venv_layered_on_pinned_env(tmp_path):
-    """Install into a new venv that borrows the pinned stack through a .pth."""
-    venv = tmp_path / "venv"
+def test_wheel_builds_with_setuptools_alone(tmp_path):
+    """`make wheel` needs no test environment: the system interpreter, its
+    pip and the package index (for setuptools) are enough."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")
+    }
+    env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    proc = subprocess.run(
+        ["make", "-s", "-C", str(ROOT), "wheel", "PYTHON=/usr/bin/env python3"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert WHEEL.is_file() and LIB_WHEEL.is_file()
+
+
+def fresh_venv(venv: Path) -> tuple[Path, str]:
+    """A new venv that borrows the pinned stack through a .pth (ours first)."""
     subprocess.run(
         [sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True
     )
@@ -72,13 +101,22 @@ def test_wheel_in_fresh_venv_layered_on_pinned_env(tmp_path):
     (Path(site) / "pinned-stack.pth").write_text(
         sysconfig.get_paths()["purelib"] + "\n"
     )
+    return py, site
+
+
+def pip_install(py: Path, wheel: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet",
-         "--no-deps", "--no-index", "--ignore-installed", str(WHEEL)],
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--quiet"]
+        + ["--no-deps", "--no-index", "--ignore-installed", str(wheel)],
         check=True,
-    )  # fmt: skip
+    )
+
+
+def test_wheel_in_fresh_venv_layered_on_pinned_env(tmp_path):
+    py, site = fresh_venv(tmp_path / "venv")
+    pip_install(py, WHEEL)
     code = (
-        "import sglang, rlsync, sglang.srt.utils.watchdog as w;"
+        "import sglang, sglang.srt.utils.watchdog as w;"
         "print(sglang.__version__); print(w.__file__); print(hasattr(w.Watchdog, 'pause'))"
     )
     out = subprocess.check_output([str(py), "-c", code], text=True).splitlines()
@@ -96,10 +134,10 @@ def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
         ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
     )
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "-w", str(tmp_path), str(src)],
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps"]
+        + ["--no-build-isolation", "-w", str(tmp_path), str(src)],
         check=True,
-    )  # fmt: skip
+    )
     (whl,) = tmp_path.glob("rlsync-*.whl")
     with zipfile.ZipFile(whl) as zf:
         meta = next(n for n in zf.namelist() if n.endswith("METADATA"))
@@ -111,3 +149,77 @@ def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
         }
         assert extra == {"fastapi", "uvicorn"}
         assert not [n for n in zf.namelist() if n.startswith("sglang/")]
+
+
+def test_every_installed_rlsync_command_works_outside_the_clone(tmp_path):
+    """The library's wheel in a new venv, run from a folder that is not this
+    repository: every subcommand answers (none needs a checkout)."""
+    py, site = fresh_venv(tmp_path / "venv")
+    pip_install(py, LIB_WHEEL)
+    script = py.parent / "rlsync"
+    away = tmp_path / "elsewhere"
+    away.mkdir()
+    env = {"PATH": f"{py.parent}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def rlsync_cmd(*args: str, exe: tuple[str, ...] = (str(script),)):
+        return subprocess.run(
+            [*exe, *args], cwd=away, env=env, capture_output=True, text=True
+        )
+
+    where = rlsync_cmd("-c", "import rlsync; print(rlsync.__file__)", exe=(str(py),))
+    assert where.stdout.startswith(site), where.stdout + where.stderr
+    version = rlsync_cmd("--version")
+    assert version.returncode == 0
+    assert f"rlsync {rlsync.__version__} (weight-update series {PIN.series}" in (
+        version.stdout
+    )
+    assert rlsync_cmd("--version", exe=(str(py), "-m", "rlsync")).stdout == (
+        version.stdout
+    )
+    helps = rlsync_cmd("--help").stdout
+    commands = re.search(r"\{([a-z,-]+)\}", helps).group(1).split(",")
+    assert sorted(commands) == ["router", "status", "sync-disk"]
+    for command in commands:
+        proc = rlsync_cmd(command, "--help")
+        assert proc.returncode == 0, (command, proc.stderr)
+    # A real run of each, against an address where nothing listens.
+    nothing = "http://127.0.0.1:9"
+    status = rlsync_cmd("status", nothing, "--timeout", "2")
+    assert status.returncode == 1 and "unreachable" in status.stdout
+    reload = rlsync_cmd("sync-disk", "--path", "/nowhere", nothing, "--timeout", "2")
+    assert reload.returncode == 1 and "FAILED" in reload.stdout
+    assert "checkout" not in status.stderr + reload.stderr
+    assert_router_serves(script, nothing, away, env, tmp_path / "router.log")
+
+
+def assert_router_serves(script: Path, worker: str, cwd: Path, env, log_path: Path):
+    """`rlsync router` starts and answers /workers, the dead worker listed."""
+    for _attempt in range(3):  # a port picked free may be taken before bind
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [str(script), "router", worker, "--port", str(port)],
+                cwd=cwd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and proc.poll() is None:
+                try:
+                    answer = httpx.get(f"http://127.0.0.1:{port}/workers", timeout=2)
+                except httpx.TransportError:
+                    time.sleep(0.2)
+                    continue
+                assert answer.status_code == 200, answer.text
+                assert worker in answer.text
+                return
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        if "address already in use" not in log_path.read_text().lower():
+            break
+    pytest.fail(f"router did not serve:\n{log_path.read_text()}")

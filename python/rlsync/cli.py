@@ -1,8 +1,8 @@
-"""`rlsync` command line: patch-series maintenance, checkout operations, and
-a look at (or a disk reload of) running engines.
+"""`rlsync` command line: a look at running engines (`status`), a disk reload
+on all of them at once (`sync-disk`), and the admin router (`router`).
 
-The Makefile's upstream/worktree/patches/overlay/check/apply/revert/pr-branch
-targets call this, so `make X` and `rlsync X` behave the same.
+Patch-series maintenance is developer tooling of the repository
+(`make check|apply|...`), not part of this package.
 """
 
 from __future__ import annotations
@@ -10,65 +10,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
-from rlsync import checkout, series
-from rlsync.pin import PinError
-
-
-def _layout(args: argparse.Namespace) -> series.Layout:
-    return series.Layout(series.find_root(Path(args.root) if args.root else None))
-
-
-def cmd_upstream(args: argparse.Namespace) -> int:
-    path = series.ensure_upstream(_layout(args))
-    print(f"pristine tree: {path / 'python'}")
-    return 0
-
-
-def cmd_worktree(args: argparse.Namespace) -> int:
-    work = series.make_worktree(_layout(args))
-    print(f"{work}: pin + series as commits (tag 'upstream' = pristine); "
-          f"edit, commit, then `make patches overlay`")  # fmt: skip
-    return 0
-
-
-def cmd_patches(args: argparse.Namespace) -> int:
-    for path in series.export_patches(_layout(args)):
-        print(path.relative_to(path.parents[1]))
-    return 0
-
-
-def cmd_overlay(args: argparse.Namespace) -> int:
-    layout = _layout(args)
-    series.ensure_upstream(layout)
-    files = series.regenerate_overlay(layout)
-    print(f"overlay: {len(files)} files regenerated from pristine + series")
-    for copy in sorted(series.VENDORED):
-        print(f"overlay: {copy} regenerated")
-    return 0
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    layout = _layout(args)
-    series.ensure_upstream(layout)
-    problems = series.check(layout)
-    for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
-    if problems:
-        return 1
-    print(f"ok: {len(layout.patches())} patches apply cleanly; overlay matches")
-    return 0
-
-
-def _checkout_cmd(fn):
-    def run(args: argparse.Namespace) -> int:
-        layout = _layout(args)
-        extra = {"branch": args.branch} if getattr(args, "branch", None) else {}
-        print(fn(Path(args.sglang_dir), layout.pin(), layout.patches(), **extra))
-        return 0
-
-    return run
+from rlsync import SERIES, SGLANG_VERSIONS, __version__
 
 
 def _admin_key(args: argparse.Namespace) -> str | None:
@@ -111,7 +54,7 @@ def cmd_sync_disk(args: argparse.Namespace) -> int:
             timeout=args.timeout,
             admin_key=_admin_key(args),
             weight_version=args.weight_version,
-        )  # fmt: skip
+        )
         for u in args.urls
     ] + [
         VLLMEngine(u, timeout=args.timeout, api_key=args.vllm_api_key)
@@ -130,43 +73,21 @@ def cmd_sync_disk(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["router"]:  # its own options: `rlsync router --help`
-        from rlsync import router
+        from rlsync.services import router
 
         return router.main(argv[1:])
     parser = argparse.ArgumentParser(prog="rlsync", description=__doc__)
-    parser.add_argument("--root", help="rlsync checkout (default: found from cwd)")
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"rlsync {__version__} (weight-update series {SERIES}; "
+        f"SGLang {', '.join(SGLANG_VERSIONS)})",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser(
         "router",
         help="admin router in front of several workers (see `rlsync router --help`)",
     )
-    sub.add_parser(
-        "upstream", help="fetch, verify and unpack the pinned sdist"
-    ).set_defaults(fn=cmd_upstream)
-    sub.add_parser(
-        "worktree", help="build/work: pin + series as git commits"
-    ).set_defaults(fn=cmd_worktree)
-    sub.add_parser("patches", help="re-export the series from build/work").set_defaults(
-        fn=cmd_patches
-    )
-    sub.add_parser(
-        "overlay", help="regenerate overlay/ from pristine + series"
-    ).set_defaults(fn=cmd_overlay)
-    sub.add_parser(
-        "check", help="fail on any drift between series and overlay"
-    ).set_defaults(fn=cmd_check)
-    for name, fn, text in (
-        ("apply", checkout.apply_series, "apply the series to an SGLang checkout"),
-        ("revert", checkout.revert_series, "remove the series from an SGLang checkout"),
-        ("pr-branch", checkout.pr_branch, "branch with one commit per patch"),
-    ):
-        p = sub.add_parser(name, help=text)
-        p.add_argument("sglang_dir", metavar="SGLANG_DIR")
-        if name == "pr-branch":
-            p.add_argument(
-                "--branch", help="branch name (default rlsync/<pin>-series<n>)"
-            )
-        p.set_defaults(fn=_checkout_cmd(fn))
     p = sub.add_parser(
         "status", help="health, weight version and updates in flight of engines"
     )
@@ -178,8 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         "--path", required=True, help="checkpoint directory as the engines see it"
     )
     p.add_argument("urls", nargs="*", metavar="URL", help="SGLang engines")
-    p.add_argument("--vllm", action="append", default=[], metavar="URL",
-                   help="a vLLM engine (its /collective_rpc); repeatable")  # fmt: skip
+    p.add_argument(
+        "--vllm",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a vLLM engine (its /collective_rpc); repeatable",
+    )
     p.add_argument(
         "--weight-version", help="version the SGLang engines report afterwards"
     )
@@ -190,11 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(fn=cmd_sync_disk)
     args = parser.parse_args(argv)
-    try:
-        return args.fn(args)
-    except (series.SeriesError, PinError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return args.fn(args)
 
 
 if __name__ == "__main__":

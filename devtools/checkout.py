@@ -13,8 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rlsync.pin import Pin
-from rlsync.series import IDENTITY, SeriesError, apply_patches, git, series_files
+from devtools.pin import Pin
+from devtools.series import IDENTITY, SeriesError, apply_patches, git, series_files
 
 
 class CheckoutError(SeriesError):

@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlsync.pin import Pin, fetch_sdist, read_pin, sha256_of, unpack_sdist
+from devtools.pin import Pin, fetch_sdist, read_pin, sha256_of, unpack_sdist
 
 # Fixed so that exporting an unchanged series gives byte-identical files.
 PATCH_DATE = "Sat, 1 Jan 2000 00:00:00 +0000"
@@ -346,6 +346,7 @@ def check(layout: Layout) -> list[str]:
         for rel in sorted(present - set(files)):
             problems.append(f"overlay/{rel}: no patch touches this file")
     problems.extend(check_series_number(layout))
+    problems.extend(check_library_version(layout))
     problems.extend(check_vendored(layout))
     return problems
 
@@ -367,6 +368,31 @@ def check_series_number(layout: Layout) -> list[str]:
             f"series = {want}; bump both together (in build/work)"
         ]
     return []
+
+
+LIBRARY_INIT = "python/rlsync/__init__.py"
+
+
+def check_library_version(layout: Layout) -> list[str]:
+    """The trainer library says the series it speaks: SERIES and a version
+    0.<series>.<n>, both the pin's."""
+    init = layout.root / LIBRARY_INIT
+    if not init.is_file():
+        return [f"{LIBRARY_INIT}: missing"]
+    text = init.read_text()
+    series_found = re.search(r"^SERIES = (\d+)$", text, re.M)
+    version_found = re.search(r'^__version__ = "0\.(\d+)\.\d+"', text, re.M)
+    want = str(layout.pin().series)
+    problems = []
+    if series_found is None or series_found.group(1) != want:
+        problems.append(
+            f"{LIBRARY_INIT}: SERIES is not {want}, the series upstream.pin names"
+        )
+    if version_found is None or version_found.group(1) != want:
+        problems.append(
+            f'{LIBRARY_INIT}: __version__ must be "0.{want}.<n>" (the series it speaks)'
+        )
+    return problems
 
 
 # --- developer worktree ---------------------------------------------------

@@ -1,0 +1,114 @@
+"""Series maintenance and checkout operations, as `make` calls them.
+
+`make upstream|worktree|patches|overlay|check|apply|revert|pr-branch` run
+`python -m devtools <the same verb>` from the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from devtools import checkout, series
+from devtools.pin import PinError
+
+
+def _layout(args: argparse.Namespace) -> series.Layout:
+    return series.Layout(series.find_root(Path(args.root) if args.root else None))
+
+
+def cmd_upstream(args: argparse.Namespace) -> int:
+    path = series.ensure_upstream(_layout(args))
+    print(f"pristine tree: {path / 'python'}")
+    return 0
+
+
+def cmd_worktree(args: argparse.Namespace) -> int:
+    work = series.make_worktree(_layout(args))
+    print(
+        f"{work}: pin + series as commits (tag 'upstream' = pristine); "
+        "edit, commit, then `make patches overlay`"
+    )
+    return 0
+
+
+def cmd_patches(args: argparse.Namespace) -> int:
+    for path in series.export_patches(_layout(args)):
+        print(path.relative_to(path.parents[1]))
+    return 0
+
+
+def cmd_overlay(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    series.ensure_upstream(layout)
+    files = series.regenerate_overlay(layout)
+    print(f"overlay: {len(files)} files regenerated from pristine + series")
+    for copy in sorted(series.VENDORED):
+        print(f"overlay: {copy} regenerated")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    series.ensure_upstream(layout)
+    problems = series.check(layout)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"ok: {len(layout.patches())} patches apply cleanly; overlay matches")
+    return 0
+
+
+def _checkout_cmd(fn):
+    def run(args: argparse.Namespace) -> int:
+        layout = _layout(args)
+        extra = {}
+        for name in ("branch", "author", "site_packages"):
+            if getattr(args, name, None):
+                extra[name] = getattr(args, name)
+        print(fn(Path(args.sglang_dir), layout.pin(), layout.patches(), **extra))
+        return 0
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m devtools", description=__doc__)
+    parser.add_argument("--root", help="rlsync repository (default: found from cwd)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, fn, text in (
+        ("upstream", cmd_upstream, "fetch, verify and unpack the pinned sdist"),
+        ("worktree", cmd_worktree, "build/work: pin + series as git commits"),
+        ("patches", cmd_patches, "re-export the series from build/work"),
+        ("overlay", cmd_overlay, "regenerate overlay/ from pristine + series"),
+        ("check", cmd_check, "fail on any drift between series and overlay"),
+    ):
+        sub.add_parser(name, help=text).set_defaults(fn=fn)
+    for name, fn, text in (
+        ("apply", checkout.apply_series, "apply the series to an SGLang tree"),
+        ("revert", checkout.revert_series, "remove the series from an SGLang tree"),
+        ("pr-branch", checkout.pr_branch, "branch with one commit per patch"),
+    ):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("sglang_dir", metavar="SGLANG_DIR")
+        if name == "pr-branch":
+            p.add_argument(
+                "--branch", help="branch name (default rlsync/<pin>-series<n>)"
+            )
+        p.set_defaults(fn=_checkout_cmd(fn))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (series.SeriesError, PinError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
