@@ -105,12 +105,13 @@ class Load:
         times: list[float] = []
         if record:  # visible while in flight, not only once finished
             self.tokens.append(times)
+        params = {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}
         with requests.post(
             self.url + "/generate",
-            json={"text": "load", "stream": True,
-                  "sampling_params": {"max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}},
-            stream=True, timeout=600,
-        ) as resp:  # fmt: skip
+            json={"text": "load", "stream": True, "sampling_params": params},
+            stream=True,
+            timeout=600,
+        ) as resp:
             for line in resp.iter_lines():
                 if line.startswith(b"data:") and line != b"data: [DONE]":
                     times.append(time.monotonic())
@@ -175,10 +176,15 @@ class Trainer:
         port = free_port()
         self.group_name = f"bench_{port}"
         fut = pool.submit(
-            client.init_weights_update_group, url, master_address="127.0.0.1",
-            master_port=port, rank_offset=1, world_size=2, group_name=self.group_name,
+            client.init_weights_update_group,
+            url,
+            master_address="127.0.0.1",
+            master_port=port,
+            rank_offset=1,
+            world_size=2,
+            group_name=self.group_name,
             backend="gloo",
-        )  # fmt: skip
+        )
         self.pg = join_update_group("127.0.0.1", port, 2, group_name=self.group_name)
         fut.result()
         self.phases: dict[str, list[dict]] = {}
@@ -188,10 +194,15 @@ class Trainer:
         for bucket, flat in zip(buckets, flats):
             meta = bucket.meta()
             fut = pool.submit(
-                client.update_weights_from_distributed, self.url, names=meta["names"],
-                dtypes=meta["dtypes"], shapes=meta["shapes"], group_name=self.group_name,
-                load_format="flattened_bucket", flush_cache=False,
-            )  # fmt: skip
+                client.update_weights_from_distributed,
+                self.url,
+                names=meta["names"],
+                dtypes=meta["dtypes"],
+                shapes=meta["shapes"],
+                group_name=self.group_name,
+                load_format="flattened_bucket",
+                flush_cache=False,
+            )
             dist.broadcast(flat, src=0, group=self.pg)
             fut.result()
             calls += 1
@@ -214,9 +225,14 @@ class Trainer:
         t4 = time.perf_counter()
         # Where the trainer's and the server's time went
         self.phases.setdefault("ours_digest" if digests else "ours", []).append(
-            {"digests_s": t1 - t0, "prepare_s": t2 - t1, "broadcast_s": t3 - t2,
-             "complete_s": t4 - t3, **done.stats}
-        )  # fmt: skip
+            {
+                "digests_s": t1 - t0,
+                "prepare_s": t2 - t1,
+                "broadcast_s": t3 - t2,
+                "complete_s": t4 - t3,
+                **done.stats,
+            }
+        )
         return 2
 
     def close(self):
@@ -301,8 +317,10 @@ def main() -> int:
                 times[label].append(time.perf_counter() - t0)
         raw_peer.close()
         for label in paths:
-            print(f"{label}: {times[label][0]:.3f}s first, "
-                  f"{statistics.median(times[label][1:]):.3f}s steady")  # fmt: skip
+            print(
+                f"{label}: {times[label][0]:.3f}s first, "
+                f"{statistics.median(times[label][1:]):.3f}s steady"
+            )
 
         # Serving baseline: the same load, no update. Windows are read after
         # the load ends, so streams in flight at the end are complete.
@@ -342,8 +360,10 @@ def main() -> int:
                     if isinstance(steady[0][k], float)
                 }
                 results[label]["phases_steady"] = phases
-                print("  steady phases: "
-                      + ", ".join(f"{k} {v:.3f}" for k, v in phases.items()))  # fmt: skip
+                print(
+                    "  steady phases: "
+                    + ", ".join(f"{k} {v:.3f}" for k, v in phases.items())
+                )
         trainer.close()
     finally:
         server.stop()

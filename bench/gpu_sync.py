@@ -189,11 +189,14 @@ def run(rank: int, args, result_path: str) -> None:
 
     def raw_for(buckets):
         if rank == 0:
-            flats = [torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors])
-                     for b in buckets]  # fmt: skip
+            flats = [
+                torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors])
+                for b in buckets
+            ]
         else:
-            flats = [torch.empty(b.nbytes, dtype=torch.uint8, device="cuda")
-                     for b in buckets]  # fmt: skip
+            flats = [
+                torch.empty(b.nbytes, dtype=torch.uint8, device="cuda") for b in buckets
+            ]
 
         def raw():
             for f in flats:
@@ -206,20 +209,30 @@ def run(rank: int, args, result_path: str) -> None:
     pool = sr.StagingPool(torch.device("cuda", rank)) if rank == 1 else None
     target = dict(params)
 
-    def ours_for(buckets, digests: bool, apply_times=None, timelines=None,
-                 sender="pack-copy", receiver="staged", start_in_timing=False):  # fmt: skip
+    def ours_for(
+        buckets,
+        digests: bool,
+        apply_times=None,
+        timelines=None,
+        sender="pack-copy",
+        receiver="staged",
+        start_in_timing=False,
+    ):
         meta = None
         if rank == 0:
-            meta = [b.meta(digest_tensors(b.tensors) if digests else None)
-                    for b in buckets]  # fmt: skip
+            meta = [
+                b.meta(digest_tensors(b.tensors) if digests else None) for b in buckets
+            ]
         box = [meta]
         dist.broadcast_object_list(box, src=0, group=ctrl)
         specs = sr.parse_buckets(len(box[0]), box[0], "flattened_bucket")
 
         prepacked = None
         if (rank == 0 and sender == "prepacked") or (rank == 1 and receiver == "raw"):
-            prepacked = [torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors])
-                         for b in buckets]  # fmt: skip
+            prepacked = [
+                torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors])
+                for b in buckets
+            ]
 
         def once():
             once.t_start = (
@@ -298,18 +311,24 @@ def run(rank: int, args, result_path: str) -> None:
     # Where the time goes: one side ours, the other side raw.
     diagnosis = {
         "sender_pack_cat": ours_for(main_buckets, True, sender="pack-cat"),
-        "sender_prepacked_receiver_staged": ours_for(main_buckets, True, sender="prepacked"),
+        "sender_prepacked_receiver_staged": ours_for(
+            main_buckets, True, sender="prepacked"
+        ),
         "sender_prepacked_receiver_staged_nodigest": ours_for(
-            main_buckets, False, sender="prepacked"),
+            main_buckets, False, sender="prepacked"
+        ),
         "sender_pack_copy_receiver_raw": ours_for(main_buckets, True, receiver="raw"),
         "sender_pack_cat_receiver_raw": ours_for(
-            main_buckets, True, sender="pack-cat", receiver="raw"),
-    }  # fmt: skip
+            main_buckets, True, sender="pack-cat", receiver="raw"
+        ),
+    }
 
     # sender-side digest cost (computed before prepare)
     if rank == 0:
-        digest_s = [timed(lambda: [digest_tensors(b.tensors) for b in main_buckets])
-                    for _ in range(args.repeats)]  # fmt: skip
+        digest_s = [
+            timed(lambda: [digest_tensors(b.tensors) for b in main_buckets])
+            for _ in range(args.repeats)
+        ]
         res["sender_digest_ms"] = med(digest_s) * 1e3
 
     # --- upstream 0.5.10 baselines ---------------------------------------------
@@ -356,14 +375,19 @@ def run(rank: int, args, result_path: str) -> None:
         decode = DecodeLike()
         decode.run_for(1.0)  # warm-up
         serving["decode_steps_per_s_alone"] = decode.run_for(2.0)
-        recv_flats = [torch.empty(b.nbytes, dtype=torch.uint8, device="cuda")
-                      for b in main_buckets]  # fmt: skip
+        recv_flats = [
+            torch.empty(b.nbytes, dtype=torch.uint8, device="cuda")
+            for b in main_buckets
+        ]
     specs_by_mode = {}
     for mode, digests in (("ours", True), ("ours_nodigest", False)):
         box = [None]
         if rank == 0:
-            box = [[b.meta(digest_tensors(b.tensors) if digests else None)
-                    for b in main_buckets]]  # fmt: skip
+            meta = [
+                b.meta(digest_tensors(b.tensors) if digests else None)
+                for b in main_buckets
+            ]
+            box = [meta]
         dist.broadcast_object_list(box, src=0, group=ctrl)
         specs_by_mode[mode] = sr.parse_buckets(len(box[0]), box[0], "flattened_bucket")
 
@@ -414,7 +438,7 @@ def run(rank: int, args, result_path: str) -> None:
                 receive_s_alone=med(alone[mode]),
                 receive_s_with_decode=med(rx_during),
                 receive_slowdown=med(rx_during) / med(alone[mode]),
-            )  # fmt: skip
+            )
     if rank == 1:
         serving["decode_GBps_alone"] = (
             serving["decode_steps_per_s_alone"] * decode.bytes_per_step() / 1e9
@@ -426,8 +450,15 @@ def run(rank: int, args, result_path: str) -> None:
     for mb in SWEEP_MB:
         b = plan(mb)
         r, o = raw_for(b), ours_for(b, digests=True)
-        sweep.append(dict(bucket_mb=mb, buckets=len(b), raw_ms=med(r) * 1e3,
-                          ours_ms=med(o) * 1e3, ratio=med(r) / med(o)))  # fmt: skip
+        sweep.append(
+            dict(
+                bucket_mb=mb,
+                buckets=len(b),
+                raw_ms=med(r) * 1e3,
+                ours_ms=med(o) * 1e3,
+                ratio=med(r) / med(o),
+            )
+        )
 
     # correctness: every apply (ours and the baselines) wrote the sender's weights
     ok = True

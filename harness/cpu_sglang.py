@@ -34,8 +34,10 @@ def _undefined_cuda_symbols(libs: list[Path]) -> list[str]:
     for lib in libs:
         out = subprocess.run(
             ["nm", "-D", "--undefined-only", str(lib)],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for line in out.splitlines():
             name = line.split()[-1].split("@")[0]
             if name.startswith("cu") and name[2:3].isupper():
@@ -43,12 +45,21 @@ def _undefined_cuda_symbols(libs: list[Path]) -> list[str]:
     return sorted(symbols | {"cuInit", "cuDriverGetVersion", "cuDeviceGetCount"})
 
 
+_PRINT_SGL_KERNEL_DIR = (
+    "import importlib.util as u; "
+    "print(u.find_spec('sgl_kernel').submodule_search_locations[0])"
+)
+_GCC_SHARED_LIBCUDA = ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1"]
+
+
 def build_stub_libcuda(python: str = sys.executable) -> Path:
     """Build build/stub-cuda/libcuda.so.1 from the installed kernel library."""
     site = subprocess.run(
-        [python, "-c", "import importlib.util as u; print(u.find_spec('sgl_kernel').submodule_search_locations[0])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
+        [python, "-c", _PRINT_SGL_KERNEL_DIR],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     libs = sorted(Path(site).rglob("*.so"))
     symbols = _undefined_cuda_symbols(libs)
     out_dir = BUILD / "stub-cuda"
@@ -61,10 +72,7 @@ def build_stub_libcuda(python: str = sys.executable) -> Path:
     if so.exists() and c_file.exists() and c_file.read_text() == source:
         return out_dir
     c_file.write_text(source)
-    subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(so), str(c_file)],
-        check=True,
-    )  # fmt: skip
+    subprocess.run([*_GCC_SHARED_LIBCUDA, "-o", str(so), str(c_file)], check=True)
     return out_dir
 
 
@@ -79,17 +87,21 @@ def server_env(stub_dir: Path, tp: int, pristine: bool = False) -> dict[str, str
     env.update(
         SGLANG_USE_CPU_ENGINE="1",
         SGLANG_NCCL_SO_PATH="/nonexistent",
-        SGLANG_CPU_OMP_THREADS_BIND="|".join(str(i % (os.cpu_count() or 1)) for i in range(tp)),
+        SGLANG_CPU_OMP_THREADS_BIND="|".join(
+            str(i % (os.cpu_count() or 1)) for i in range(tp)
+        ),
         # SGLang applies that binding only on AMX and arm64 CPUs; elsewhere each
         # rank starts a thread per core, and a forward pass then waits on
         # whichever thread another busy process preempted.
         OMP_NUM_THREADS="1",
-        LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(stub_dir), env.get("LD_LIBRARY_PATH")])),
+        LD_LIBRARY_PATH=os.pathsep.join(
+            filter(None, [str(stub_dir), env.get("LD_LIBRARY_PATH")])
+        ),
         PYTHONUNBUFFERED="1",
         TOKENIZERS_PARALLELISM="false",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-    )  # fmt: skip
+    )
     if pristine:
         # Upstream 0.5.10 from the same environment: the unpacked sdist shadows
         # the installed (patched) package.
@@ -136,8 +148,11 @@ class Server:
         """The scheduler processes (psutil.Process), one per TP rank."""
         import psutil
 
-        return [p for p in psutil.Process(self.proc.pid).children(recursive=True)
-                if "scheduler" in p.name()]  # fmt: skip
+        return [
+            p
+            for p in psutil.Process(self.proc.pid).children(recursive=True)
+            if "scheduler" in p.name()
+        ]
 
     def stop(self, timeout: float = 30.0) -> None:
         if self.proc.poll() is not None:
@@ -219,31 +234,49 @@ def _launch_once(
 ) -> Server:
     stub = build_stub_libcuda(python)
     address = netns_host.address if netns_host else "127.0.0.1"
+    options = {
+        "--model-path": str(Path(model_path).resolve()),
+        "--device": "cpu",
+        "--attention-backend": "torch_native",
+        "--host": address,
+        "--port": str(port),
+        "--mem-fraction-static": "0.05",
+        "--max-total-tokens": "4096",
+        "--tp": str(tp),
+    }
+    flags = ["--disable-cuda-graph", "--skip-server-warmup"]
+    if sleep_on_idle:
+        # Idle schedulers sleep instead of polling: 2 cores host several servers.
+        flags.append("--sleep-on-idle")
     args = [
         *(netns_host.command() if netns_host else []),
-        python, "-m", "sglang.launch_server",
-        "--model-path", str(Path(model_path).resolve()),
-        "--device", "cpu", "--attention-backend", "torch_native",
-        "--disable-cuda-graph", "--host", address, "--port", str(port),
-        "--mem-fraction-static", "0.05", "--max-total-tokens", "4096",
-        "--tp", str(tp), "--skip-server-warmup",
-        # Idle schedulers sleep instead of polling: 2 cores host several servers.
-        *(["--sleep-on-idle"] if sleep_on_idle else []),
+        *(python, "-m", "sglang.launch_server"),
+        *(word for option in options.items() for word in option),
+        *flags,
         *(extra_args or []),
-    ]  # fmt: skip
+    ]
     env = server_env(stub, tp, pristine)
     env.update(env_overrides or {})
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "wb")
     proc = subprocess.Popen(
-        args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(BUILD),
+        args,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=str(BUILD),
         start_new_session=True,
-    )  # fmt: skip
+    )
     log.close()
     server = Server(
-        url=f"http://{address}:{port}", port=port, tp=tp, pristine=pristine,
-        proc=proc, log_path=log_path, args=args,
-    )  # fmt: skip
+        url=f"http://{address}:{port}",
+        port=port,
+        tp=tp,
+        pristine=pristine,
+        proc=proc,
+        log_path=log_path,
+        args=args,
+    )
     try:
         wait_healthy(server, ready_timeout)
     except BaseException:

@@ -53,17 +53,17 @@ class Timeline:
 
 def stream_forever(url: str, line: Timeline) -> None:
     """Streaming generations on one server, one after another."""
+    params = {"max_new_tokens": 64, "temperature": 0.8, "ignore_eos": True}
     i = 0
     while not line.stop.is_set():
         i += 1
         try:
             with requests.post(
                 url + "/generate",
-                json={"text": f"stream {i}", "stream": True,
-                      "sampling_params": {"max_new_tokens": 64, "temperature": 0.8,
-                                          "ignore_eos": True}},
-                stream=True, timeout=120,
-            ) as resp:  # fmt: skip
+                json={"text": f"stream {i}", "stream": True, "sampling_params": params},
+                stream=True,
+                timeout=120,
+            ) as resp:
                 resp.raise_for_status()
                 for raw in resp.iter_lines():
                     if raw.startswith(b"data:") and raw != b"data: [DONE]":
@@ -112,12 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     model = make_tiny_model(BUILD / "models", "demo")
     original = list(load_file(str(model / "model.safetensors")).items())
-    print(f"model: {model.name}, {sum(t.nbytes for _, t in original) / 1e6:.1f} MB "
-          f"in {len(original)} tensors")  # fmt: skip
+    print(
+        f"model: {model.name}, {sum(t.nbytes for _, t in original) / 1e6:.1f} MB "
+        f"in {len(original)} tensors"
+    )
     servers = start_servers(model, BUILD / "logs")
     urls = [s.url for s in servers]
-    print(f"servers: {urls[0]} (TP 1), {urls[1]} (TP 2), up in "
-          f"{time.monotonic() - t_start:.0f} s")  # fmt: skip
+    print(
+        f"servers: {urls[0]} (TP 1), {urls[1]} (TP 2), up in "
+        f"{time.monotonic() - t_start:.0f} s"
+    )
     failures: list[str] = []
     rows: list[dict] = []
     line = Timeline()
@@ -127,9 +131,12 @@ def main(argv: list[str] | None = None) -> int:
         for url in urls
     ]
     sender = WeightSender(
-        [Engine(urls[0], 1), Engine(urls[1], 2)], master_port=free_port(),
-        group_name="demo", backend="gloo", bucket_bytes=args.bucket_mb << 20,
-    )  # fmt: skip
+        [Engine(urls[0], 1), Engine(urls[1], 2)],
+        master_port=free_port(),
+        group_name="demo",
+        backend="gloo",
+        bucket_bytes=args.bucket_mb << 20,
+    )
     try:
         sender.connect()
         before_out = [greedy(u, PROMPT) for u in urls]
@@ -148,16 +155,30 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             result = sender.sync(weights, weight_version=version, atomic=True)
             t1 = time.monotonic()
-            checks = verify(urls, version, dict(weights), before_out, before_sum,
-                            sums, restored=weights is original)  # fmt: skip
+            checks = verify(
+                urls,
+                version,
+                dict(weights),
+                before_out,
+                before_sum,
+                sums,
+                restored=weights is original,
+            )
             sums = [client.weights_checksum(u)["checksum"] for u in urls]
             ok_health, n_health = line.health_between(t0, t1)
-            rows.append(dict(
-                version=version, mb=result.bytes / 1e6, buckets=result.buckets,
-                calls=result.http_calls, seconds=result.seconds, gbps=result.gbps,
-                tokens=line.tokens_between(t0, t1), health=f"{ok_health}/{n_health}",
-                checks="ok" if not checks else "FAILED",
-            ))  # fmt: skip
+            rows.append(
+                dict(
+                    version=version,
+                    mb=result.bytes / 1e6,
+                    buckets=result.buckets,
+                    calls=result.http_calls,
+                    seconds=result.seconds,
+                    gbps=result.gbps,
+                    tokens=line.tokens_between(t0, t1),
+                    health=f"{ok_health}/{n_health}",
+                    checks="ok" if not checks else "FAILED",
+                )
+            )
             if not result.success:
                 checks.append(f"not applied everywhere: {result.engines}")
             if n_health and ok_health != n_health:
@@ -179,9 +200,11 @@ def main(argv: list[str] | None = None) -> int:
             s.stop()
 
     print_table(rows)
-    print(f"streamed tokens in all: {len(line.tokens)}; "
-          f"health checks: {sum(c == 200 for _, c in line.health)}/{len(line.health)} "
-          f"answered 200; total {time.monotonic() - t_start:.0f} s")  # fmt: skip
+    print(
+        f"streamed tokens in all: {len(line.tokens)}; "
+        f"health checks: {sum(c == 200 for _, c in line.health)}/{len(line.health)} "
+        f"answered 200; total {time.monotonic() - t_start:.0f} s"
+    )
     if failures:
         print("\nFAILED checks:\n  " + "\n  ".join(failures))
         return 1
@@ -218,11 +241,22 @@ def verify(
     return failed
 
 
+# (heading, row key) of each column of the summary table.
+TABLE_COLUMNS = [
+    ("sync", "version"),
+    ("MB", "mb"),
+    ("buckets", "buckets"),
+    ("HTTP calls", "calls"),
+    ("seconds", "seconds"),
+    ("GB/s", "gbps"),
+    ("tokens streamed", "tokens"),
+    ("health 200", "health"),
+    ("checks", "checks"),
+]
+
+
 def print_table(rows: list[dict]) -> None:
-    head = ("sync", "MB", "buckets", "HTTP calls", "seconds", "GB/s",
-            "tokens streamed", "health 200", "checks")  # fmt: skip
-    keys = ("version", "mb", "buckets", "calls", "seconds", "gbps", "tokens",
-            "health", "checks")  # fmt: skip
+    head, keys = zip(*TABLE_COLUMNS)
     fmt = {"mb": "{:.1f}", "seconds": "{:.3f}", "gbps": "{:.3f}"}
     cells = [[fmt.get(k, "{}").format(r[k]) for k in keys] for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]

@@ -25,10 +25,15 @@ def main(model_path: str, port: int) -> None:
     from rlsync.planner import plan_buckets
 
     engine = sglang.Engine(
-        model_path=model_path, device="cpu", attention_backend="torch_native",
-        disable_cuda_graph=True, mem_fraction_static=0.05, max_total_tokens=4096,
-        skip_server_warmup=True, log_level="error",
-    )  # fmt: skip
+        model_path=model_path,
+        device="cpu",
+        attention_backend="torch_native",
+        disable_cuda_graph=True,
+        mem_fraction_static=0.05,
+        max_total_tokens=4096,
+        skip_server_warmup=True,
+        log_level="error",
+    )
     findings = {}
     try:
         params = {"max_new_tokens": 8, "temperature": 0}

@@ -10,9 +10,12 @@ def greedy(url: str, prompt: str, n: int = 12, timeout: float = 60.0) -> list[in
     """Token ids of a greedy completion: equal ids mean equal weights here."""
     resp = requests.post(
         url + "/generate",
-        json={"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0}},
+        json={
+            "text": prompt,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0},
+        },
         timeout=timeout,
-    )  # fmt: skip
+    )
     resp.raise_for_status()
     return resp.json()["output_ids"]
 

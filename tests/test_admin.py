@@ -49,16 +49,28 @@ def admin_endpoints() -> list[tuple[str, str]]:
 
 def call(url, method, path, key=None, json=None):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return requests.request(method, url + path, json=json if json is not None else {},
-                            headers=headers, timeout=60)  # fmt: skip
+    return requests.request(
+        method,
+        url + path,
+        json=json if json is not None else {},
+        headers=headers,
+        timeout=60,
+    )
 
 
 def test_the_sweep_covers_the_weight_operations():
     paths = {p for _, p in admin_endpoints()}
-    for p in ("/init_weights_update_group", "/update_weights_from_distributed",
-              "/update_weights_from_disk", "/prepare_weights_update",
-              "/complete_weights_update", "/abort_weights_update", "/weights_checker",
-              "/pause_generation", "/destroy_weights_update_group"):  # fmt: skip
+    for p in (
+        "/init_weights_update_group",
+        "/update_weights_from_distributed",
+        "/update_weights_from_disk",
+        "/prepare_weights_update",
+        "/complete_weights_update",
+        "/abort_weights_update",
+        "/weights_checker",
+        "/pause_generation",
+        "/destroy_weights_update_group",
+    ):
         assert p in paths, p
     assert len(paths) > 25
 
@@ -104,13 +116,16 @@ def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_mod
             assert "validation error" in resp.text, (path, resp.text[:200])
     assert client.weights_checksum(url, admin_key=ADMIN_KEY)["checksum"] == before
     # The right key works.
-    for path, body in [("/pause_generation", {"mode": "in_place"}),
-                       ("/continue_generation", {}), ("/flush_cache", {}),
-                       ("/weights_checker", {"action": "checksum"})]:  # fmt: skip
+    for path, body in [
+        ("/pause_generation", {"mode": "in_place"}),
+        ("/continue_generation", {}),
+        ("/flush_cache", {}),
+        ("/weights_checker", {"action": "checksum"}),
+    ]:
         resp = call(url, "POST", path, ADMIN_KEY, json=body)
         assert resp.status_code == 200, (path, resp.text[:300])
-    gen = call(url, "POST", "/generate", user,
-               json={"text": "ok", "sampling_params": {"max_new_tokens": 2}})  # fmt: skip
+    body = {"text": "ok", "sampling_params": {"max_new_tokens": 2}}
+    gen = call(url, "POST", "/generate", user, json=body)
     assert gen.status_code == 200, gen.text
 
 

@@ -11,9 +11,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_demo_runs_three_checked_syncs_under_load():
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.demo"], cwd=ROOT, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-m", "harness.demo"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
     assert "all checks held" in out

@@ -18,9 +18,20 @@ def test_engine_prepare_complete_abort(tiny_model):
     env = cpu_sglang.server_env(stub, tp=1)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "python")])
     proc = subprocess.run(
-        [sys.executable, "-m", "harness.engine_two_phase", str(tiny_model), str(cpu_sglang.free_port())],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "harness.engine_two_phase",
+            str(tiny_model),
+            str(cpu_sglang.free_port()),
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        start_new_session=True,
+    )
     lines = [l for l in proc.stdout.splitlines() if l.startswith("FINDINGS ")]
     assert lines, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     findings = json.loads(lines[-1].removeprefix("FINDINGS "))

@@ -39,9 +39,12 @@ def write_checkpoint(dest: Path, model_dir: Path, weights) -> Path:
 
 def rlsync_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "rlsync.cli", *args], capture_output=True, text=True,
-        timeout=300, cwd=ROOT,
-    )  # fmt: skip
+        [sys.executable, "-m", "rlsync.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
 
 
 def test_disk_sync_reaches_the_server_and_reports_a_dead_engine(
@@ -90,9 +93,13 @@ def test_cli_status_and_sync_disk(server_tp1, tiny_model):
     bad = rlsync_cli("status", server_tp1.url, dead)
     assert bad.returncode == 1 and f"{dead}  unreachable" in bad.stdout
     sync = rlsync_cli(
-        "sync-disk", "--path", str(tiny_model), "--weight-version", "cli-1",
+        "sync-disk",
+        "--path",
+        str(tiny_model),
+        "--weight-version",
+        "cli-1",
         server_tp1.url,
-    )  # fmt: skip
+    )
     assert sync.returncode == 0, sync.stdout + sync.stderr
     assert f"{server_tp1.url}  ok" in sync.stdout
     assert client.get_weight_version(server_tp1.url) == "cli-1"

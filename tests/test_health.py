@@ -59,9 +59,14 @@ def start_init(server: Server, port: int, group: str, timeout: float | None = No
     is inside the blocking group initialisation (seen in its log)."""
     kwargs = {"timeout": timeout} if timeout is not None else {}
     payload = dict(
-        master_address="127.0.0.1", master_port=port, rank_offset=1,
-        world_size=1 + server.tp, group_name=group, backend="gloo", **kwargs,
-    )  # fmt: skip
+        master_address="127.0.0.1",
+        master_port=port,
+        rank_offset=1,
+        world_size=1 + server.tp,
+        group_name=group,
+        backend="gloo",
+        **kwargs,
+    )
     fut = pool.submit(
         requests.post,
         server.url + "/init_weights_update_group",
@@ -119,9 +124,13 @@ def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server
 
         tensor = torch.tensor(current, dtype=torch.bfloat16)
         upd = pool.submit(
-            client.update_weights_from_distributed, server.url, names=[name],
-            dtypes=[dtype_name(tensor.dtype)], shapes=[list(tensor.shape)], group_name=group,
-        )  # fmt: skip
+            client.update_weights_from_distributed,
+            server.url,
+            names=[name],
+            dtypes=[dtype_name(tensor.dtype)],
+            shapes=[list(tensor.shape)],
+            group_name=group,
+        )
         torch.distributed.broadcast(tensor, src=0, group=pg)
         assert upd.result(timeout=60)["success"]
         generating_health(server)
@@ -153,9 +162,13 @@ def test_overlapping_operations_keep_health_until_the_last_ends(server_tp1):
     fut_a = start_init(server, port_a, f"overlap_a_{port_a}")
     # The second is queued behind the first in the tokenizer manager.
     payload_b = dict(
-        master_address="127.0.0.1", master_port=port_b, rank_offset=1, world_size=2,
-        group_name=f"overlap_b_{port_b}", backend="gloo",
-    )  # fmt: skip
+        master_address="127.0.0.1",
+        master_port=port_b,
+        rank_offset=1,
+        world_size=2,
+        group_name=f"overlap_b_{port_b}",
+        backend="gloo",
+    )
     fut_b = pool.submit(
         requests.post,
         server.url + "/init_weights_update_group",

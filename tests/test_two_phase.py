@@ -138,13 +138,14 @@ def test_serving_continues_during_the_transfer(server_tp1, trainer_tp1, model_we
     last: dict = {}
 
     def stream():
+        params = {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}
         try:
             with requests.post(
                 server_tp1.url + "/generate",
-                json={"text": "stream", "stream": True,
-                      "sampling_params": {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}},
-                stream=True, timeout=120,
-            ) as resp:  # fmt: skip
+                json={"text": "stream", "stream": True, "sampling_params": params},
+                stream=True,
+                timeout=120,
+            ) as resp:
                 for line in resp.iter_lines():
                     if line.startswith(b"data:") and line != b"data: [DONE]":
                         tokens_at.append(time.monotonic())
@@ -289,8 +290,11 @@ def test_staging_over_budget_is_413(server_tp1, trainer_tp1):
         "dtypes": ["float32"],
         "shapes": [[512, 65536]],
     }
-    resp = post(server_tp1.url, "/prepare_weights_update",
-                {"num_buckets": 1, "buckets": [huge], "group_name": trainer_tp1.group_name})  # fmt: skip
+    resp = post(
+        server_tp1.url,
+        "/prepare_weights_update",
+        {"num_buckets": 1, "buckets": [huge], "group_name": trainer_tp1.group_name},
+    )
     assert resp.status_code == 413
     assert (
         "more than the --weight-update-staging-budget-mb of 64.0 MiB"
@@ -407,10 +411,17 @@ def test_trainer_killed_mid_transfer(server_tp1, model_weights):
     meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
     first = torch.cat([t.reshape(-1).view(torch.uint8) for t in buckets[0].tensors])
     init = threading.Thread(
-        target=client.init_weights_update_group, args=(url,),
-        kwargs=dict(master_address="127.0.0.1", master_port=port, rank_offset=1,
-                    world_size=2, group_name=group, backend="gloo"),
-    )  # fmt: skip
+        target=client.init_weights_update_group,
+        args=(url,),
+        kwargs=dict(
+            master_address="127.0.0.1",
+            master_port=port,
+            rank_offset=1,
+            world_size=2,
+            group_name=group,
+            backend="gloo",
+        ),
+    )
     init.start()
     proc = mp.get_context("spawn").Process(
         target=_dying_trainer, args=(url, port, group, meta, first)
@@ -465,8 +476,12 @@ def test_admin_key_required(start_server, model_weights):
         "/abort_weights_update",
     ):
         assert post(server.url, endpoint, payload).status_code == 401, endpoint
-        wrong = requests.post(server.url + endpoint, json=payload,
-                              headers={"Authorization": "Bearer nope"}, timeout=30)  # fmt: skip
+        wrong = requests.post(
+            server.url + endpoint,
+            json=payload,
+            headers={"Authorization": "Bearer nope"},
+            timeout=30,
+        )
         assert wrong.status_code == 401, endpoint
     trainer = GlooTrainer([server.url], [1], group_name="keyed", admin_key="s3cret")
     try:
