@@ -1,6 +1,7 @@
-"""Trainer-side helpers for tests: join a server's update group over gloo and
-push tensors with upstream's single-phase path, as a well-written trainer would
-(each HTTP call in a thread, the broadcast beside it)."""
+"""Trainer-side helpers for tests: join a server's update group over gloo; push
+tensors with upstream's single-phase path, as a well-written trainer would
+(each HTTP call in a thread, the broadcast beside it), or with the library's
+own `WeightSender` over the same group (`update_two_phase`)."""
 
 from __future__ import annotations
 
@@ -14,15 +15,26 @@ from harness.cpu_sglang import free_port
 from rlsync import client
 from rlsync.group import join_update_group
 from rlsync.planner import dtype_name
+from rlsync.protocol import CompleteWeightsUpdateResponse
+from rlsync.sender import FLATTENED, Engine, WeightSender
 
 _pool = cf.ThreadPoolExecutor(max_workers=8)
 
 
 class GlooTrainer:
-    """Rank 0 of one update group with the given servers (ranks by offset)."""
+    """Rank 0 of one update group with the given servers (ranks by offset).
 
-    def __init__(self, urls: list[str], tps: list[int], group_name: str = "rlsync_test",
-                 timeout: float = 120.0, admin_key: str | None = None):  # fmt: skip
+    It joins with upstream's calls alone, so it works against a pristine
+    server too; `sender` is a `WeightSender` over the same group."""
+
+    def __init__(
+        self,
+        urls: list[str],
+        tps: list[int],
+        group_name: str = "rlsync_test",
+        timeout: float = 120.0,
+        admin_key: str | None = None,
+    ):
         self.urls, self.tps, self.group_name = urls, tps, group_name
         self.world_size = 1 + sum(tps)
         self.admin_key = admin_key
@@ -40,7 +52,7 @@ class GlooTrainer:
                 backend="gloo",
                 timeout=timeout,
                 admin_key=admin_key,
-            )  # fmt: skip
+            )
             for url, off in zip(urls, offsets)
         ]
         self.group = join_update_group(
@@ -48,6 +60,14 @@ class GlooTrainer:
         )
         for f in futures:
             f.result()
+        self.sender = WeightSender(
+            [Engine(url, tp, admin_key=admin_key) for url, tp in zip(urls, tps)],
+            master_port=port,
+            group_name=group_name,
+            backend="gloo",
+            timeout=timeout,
+        )
+        self.sender.group = self.group
 
     def update_single_phase(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
         named = list(named)
@@ -60,7 +80,7 @@ class GlooTrainer:
                 shapes=[list(t.shape) for _, t in named],
                 group_name=self.group_name,
                 admin_key=self.admin_key,
-            )  # fmt: skip
+            )
             for url in self.urls
         ]
         for _, tensor in named:
@@ -83,44 +103,35 @@ def update_two_phase(
     trainer: "GlooTrainer",
     named: list[tuple[str, torch.Tensor]],
     *,
-    load_format: str | None = "flattened_bucket",
+    load_format: str | None = FLATTENED,
     bucket_bytes: int = 1 << 20,
     digests: bool = True,
     weight_version: str | None = None,
     apply: bool = True,
     between_buckets=None,
-) -> list[dict]:
-    """prepare on every server, broadcast every bucket right after "ready"
-    (no sleep), complete on every server: two HTTP calls per server."""
-    from rlsync.digest import digest_tensors
-    from rlsync.planner import plan_buckets
+) -> list[CompleteWeightsUpdateResponse]:
+    """One `WeightSender.sync` over the trainer's group: prepare on every
+    server, broadcast every bucket right after "ready" (no sleep), complete on
+    every server. Each server's own answer to its complete, in order;
+    `between_buckets(i)` runs after bucket i is sent."""
+    sender = trainer.sender
+    sender.load_format, sender.bucket_bytes, sender.digests = (
+        load_format,
+        bucket_bytes,
+        digests,
+    )
+    progress = None
+    if between_buckets is not None:
 
-    buckets = plan_buckets(named, bucket_bytes)
-    meta = [b.meta(digest_tensors(b.tensors) if digests else None) for b in buckets]
-    for url in trainer.urls:
-        client.prepare_weights_update(
-            url, meta, group_name=trainer.group_name, load_format=load_format,
-            weight_version=weight_version, admin_key=trainer.admin_key,
-        )  # fmt: skip
-    for i, bucket in enumerate(buckets):
-        if load_format == "flattened_bucket":
-            flat = torch.cat(
-                [t.contiguous().reshape(-1).view(torch.uint8) for t in bucket.tensors]
-            )
-            dist.broadcast(flat, src=0, group=trainer.group)
-        else:
-            for t in bucket.tensors:
-                dist.broadcast(t.contiguous(), src=0, group=trainer.group)
-        if between_buckets is not None:
-            between_buckets(i)
-    futures = [
-        _pool.submit(
-            client.complete_weights_update,
-            url,
-            group_name=trainer.group_name,
-            apply=apply,
-            admin_key=trainer.admin_key,
-        )  # fmt: skip
-        for url in trainer.urls
-    ]
-    return [f.result() for f in futures]
+        def progress(sent: int, total: int, nbytes: int) -> None:
+            between_buckets(sent - 1)
+
+    result = sender.sync(
+        named, weight_version=weight_version, apply=apply, progress=progress
+    )
+    failed = [e for e in result.engines if e.answer is None]
+    if failed:
+        raise client.EngineError(
+            failed[0].url, "/complete_weights_update", None, failed[0].message
+        )
+    return [e.answer for e in result.engines]

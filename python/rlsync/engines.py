@@ -1,10 +1,11 @@
 """Reload weights from a checkpoint on disk, on SGLang and vLLM engines alike.
 
-Seed 002's shape: one stateless async function per engine kind, a minimal
-`InferenceEngine` protocol, an adapter per kind, and `sync_weights_to_engines`
-running every engine at once and returning every engine's outcome, failures
-included (one dead engine never hides what the others did). The weight
-version belongs to the trainer; it is passed through where the engine takes it.
+One async function per engine kind (each runs `rlsync.client`'s call in a
+thread), a minimal `InferenceEngine` protocol, an adapter per kind, and
+`sync_weights_to_engines` running every engine at once and returning every
+engine's outcome, failures included (one dead engine never hides what the
+others did). The weight version belongs to the trainer; it is passed through
+where the engine takes it.
 """
 
 from __future__ import annotations
@@ -14,34 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence
 
-import httpx
-
-from rlsync.client import EngineError, bearer_headers, error_message
-
-
-async def _post(
-    base_url: str,
-    endpoint: str,
-    payload: dict[str, Any],
-    *,
-    timeout: float,
-    bearer: Optional[str],
-) -> Any:
-    url = base_url.rstrip("/")
-    try:
-        async with httpx.AsyncClient(timeout=timeout) as http:
-            resp = await http.post(
-                url + endpoint, json=payload, headers=bearer_headers(bearer)
-            )
-    except httpx.HTTPError as e:
-        raise EngineError(url, endpoint, None, f"{type(e).__name__}: {e}") from e
-    try:
-        body = resp.json() if resp.content else None
-    except ValueError:
-        body = resp.text
-    if resp.status_code >= 400:
-        raise EngineError(url, endpoint, resp.status_code, error_message(body))
-    return body
+from rlsync import client
 
 
 def _check_args(base_url: str, checkpoint_path: str, timeout: float) -> None:
@@ -63,14 +37,14 @@ async def update_sglang_weights_from_disk(
     """SGLang `/update_weights_from_disk`; raises EngineError unless it
     answers success."""
     _check_args(base_url, checkpoint_path, timeout)
-    payload: dict[str, Any] = {"model_path": checkpoint_path}
-    if weight_version is not None:
-        payload["weight_version"] = weight_version
-    endpoint = "/update_weights_from_disk"
-    body = await _post(base_url, endpoint, payload, timeout=timeout, bearer=admin_key)
-    if not isinstance(body, dict) or not body.get("success", False):
-        raise EngineError(base_url.rstrip("/"), endpoint, 200, error_message(body))
-    return body
+    return await asyncio.to_thread(
+        client.update_weights_from_disk,
+        base_url,
+        checkpoint_path,
+        weight_version=weight_version,
+        timeout=timeout,
+        admin_key=admin_key,
+    )
 
 
 def vllm_reload_request(checkpoint_path: str, timeout: float) -> dict[str, Any]:
@@ -95,10 +69,14 @@ async def update_vllm_weights_from_disk(
     """vLLM `/collective_rpc` `reload_weights` (the server must run with
     VLLM_SERVER_DEV_MODE=1). Answers {"results": [one per worker]}."""
     _check_args(base_url, checkpoint_path, timeout)
-    body = await _post(
-        base_url, "/collective_rpc", vllm_reload_request(checkpoint_path, timeout),
-        timeout=timeout, bearer=api_key,
-    )  # fmt: skip
+    body = await asyncio.to_thread(
+        client.call,
+        base_url,
+        "/collective_rpc",
+        vllm_reload_request(checkpoint_path, timeout),
+        timeout=timeout,
+        api_key=api_key,
+    )
     return body if isinstance(body, dict) else {"results": body}
 
 
@@ -123,9 +101,12 @@ class SGLangEngine:
         self, checkpoint_path: str
     ) -> dict[str, Any]:
         return await update_sglang_weights_from_disk(
-            self.base_url, checkpoint_path, weight_version=self.weight_version,
-            timeout=self.timeout, admin_key=self.admin_key,
-        )  # fmt: skip
+            self.base_url,
+            checkpoint_path,
+            weight_version=self.weight_version,
+            timeout=self.timeout,
+            admin_key=self.admin_key,
+        )
 
 
 @dataclass

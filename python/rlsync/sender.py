@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from rlsync import client
 from rlsync.digest import digest_tensors
+from rlsync.protocol import CompleteWeightsUpdateResponse
 from rlsync.group import GroupJoin, leave_update_group
 from rlsync.planner import Bucket, plan_buckets
 
@@ -99,6 +100,9 @@ class EngineOutcome:
     applied: bool
     message: str
     weight_version: Optional[str] = None
+    # The engine's own answer to its last complete (rank results, stats),
+    # None when the call failed.
+    answer: Optional[CompleteWeightsUpdateResponse] = None
 
 
 @dataclass
@@ -117,6 +121,15 @@ class SyncResult:
     @property
     def success(self) -> bool:
         return all(e.applied for e in self.engines)
+
+    @property
+    def verified(self) -> bool:
+        """Every engine received and verified every byte (it applied them,
+        or with `sync(apply=False)` it is ready to)."""
+        return all(
+            e.applied or (e.answer is not None and e.answer.ready_to_apply)
+            for e in self.engines
+        )
 
 
 class SyncError(RuntimeError):
@@ -193,7 +206,26 @@ def broadcast_buckets(
         in_flight[0].wait()
 
 
+def broadcast_tensors(
+    buckets: list[Bucket],
+    group: dist.ProcessGroup,
+    device: Optional[torch.device] = None,
+    report: Optional[Progress] = None,
+) -> None:
+    """Upstream's per-tensor layout (`load_format` None): one broadcast per
+    tensor, in the metadata's order."""
+    sent = 0
+    for i, bucket in enumerate(buckets):
+        for tensor in bucket.tensors:
+            tensor = tensor.detach().contiguous()
+            dist.broadcast(tensor if device is None else tensor.to(device), 0, group)
+        sent += bucket.nbytes
+        if report is not None:
+            report(i + 1, len(buckets), sent)
+
+
 REQUIRED_FEATURES = ("two_phase_weight_update",)
+FLATTENED = "flattened_bucket"
 # Seconds connect() waits for the trainer's torn-down join before it raises.
 JOIN_GRACE = 10.0
 
@@ -211,14 +243,22 @@ class WeightSender:
         digests: bool = True,
         device: Optional[torch.device] = None,
         timeout: float = 300.0,
+        load_format: Optional[str] = FLATTENED,
     ):
+        """`load_format`: "flattened_bucket" (one broadcast per bucket, the
+        fast path) or None (one per tensor, upstream's layout)."""
         assert engines, "WeightSender needs at least one engine"
+        assert load_format in (
+            FLATTENED,
+            None,
+        ), f"load_format must be {FLATTENED!r} or None, got {load_format!r}"
         assert len({e.url for e in engines}) == len(engines), "duplicate engine URL"
         self.engines = engines
         self.master_address, self.master_port = master_address, master_port
         self.group_name, self.backend = group_name, backend
         self.bucket_bytes, self.digests = bucket_bytes, digests
         self.device, self.timeout = device, timeout
+        self.load_format = load_format
         self.world_size = 1 + sum(e.ranks for e in engines)
         self.group: Optional[dist.ProcessGroup] = None
         self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(engines)))
@@ -352,13 +392,17 @@ class WeightSender:
         atomic: bool = False,
         progress: Union[bool, Progress] = False,
         flush_cache: bool = False,
+        apply: bool = True,
     ) -> SyncResult:
         """Push `weights` (a module, a state dict or (name, tensor) pairs) to
         every engine. `atomic`: no engine applies until all have verified.
         `progress`: True for a bar over buckets, or a callable. `flush_cache`:
         in-flight requests finish on the old weights, then every engine
         applies and empties its prefix cache, so no request reuses KV
-        computed under the old weights (default: apply in place)."""
+        computed under the old weights (default: apply in place).
+        `apply=False`: every engine receives and verifies, keeps serving the
+        old weights, and keeps its session open for a later
+        `client.complete_weights_update` (apply) or `abort_weights_update`."""
         assert self.group is not None, "call connect() first"
         report = progress_bar() if progress is True else (progress or None)
         buckets = plan_buckets(named_tensors(weights), self.bucket_bytes)
@@ -375,7 +419,7 @@ class WeightSender:
                 e.url,
                 meta,
                 group_name=self.group_name,
-                load_format="flattened_bucket",
+                load_format=self.load_format,
                 weight_version=weight_version,
                 **e.keys,
             )
@@ -401,7 +445,7 @@ class WeightSender:
             ) from exc
 
         outcomes: dict[str, EngineOutcome] = {}
-        if atomic:
+        if atomic and apply:
             verified = self._each(
                 lambda e: client.complete_weights_update(
                     e.url,
@@ -428,6 +472,7 @@ class WeightSender:
                 group_name=self.group_name,
                 weight_version=weight_version,
                 flush_cache=flush_cache,
+                apply=apply,
                 **self._complete_timeouts,
                 **e.keys,
             )
@@ -443,6 +488,7 @@ class WeightSender:
                     res.applied,
                     res.message,
                     weight_version,
+                    answer=res,
                 )
         result = SyncResult(
             bytes=total,
@@ -472,7 +518,10 @@ class WeightSender:
         return {"wait_timeout": self.timeout, "timeout": self.timeout + 60}
 
     def _broadcast(self, buckets: list[Bucket], report: Optional[Progress]) -> None:
-        broadcast_buckets(buckets, self.group, self.device, report)
+        if self.load_format == FLATTENED:
+            broadcast_buckets(buckets, self.group, self.device, report)
+        else:
+            broadcast_tensors(buckets, self.group, self.device, report)
 
     def close(self) -> None:
         for engine, _ in self._each(
