@@ -1,4 +1,4 @@
-"""Plan buckets: named tensors under a byte budget, in seed 000's shape."""
+"""Plan buckets: named tensors, in order, under a byte budget per bucket."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from typing import Iterable, Optional
 
 import torch
 
+from rlsync.protocol import BucketMetadata
+
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
@@ -14,21 +16,23 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 @dataclass
 class Bucket:
-    """Tensors sent together; `meta()` is what /prepare_weights_update takes."""
+    """Tensors sent together; `metadata()` describes them for
+    /prepare_weights_update (`meta()`: the same as JSON)."""
 
     names: list[str] = field(default_factory=list)
     tensors: list[torch.Tensor] = field(default_factory=list)
     nbytes: int = 0
 
+    def metadata(self, digest: Optional[str] = None) -> BucketMetadata:
+        return BucketMetadata(
+            names=list(self.names),
+            dtypes=[dtype_name(t.dtype) for t in self.tensors],
+            shapes=[list(t.shape) for t in self.tensors],
+            digest=digest,
+        )
+
     def meta(self, digest: Optional[str] = None) -> dict:
-        meta = {
-            "names": list(self.names),
-            "dtypes": [dtype_name(t.dtype) for t in self.tensors],
-            "shapes": [list(t.shape) for t in self.tensors],
-        }
-        if digest is not None:
-            meta["digest"] = digest
-        return meta
+        return self.metadata(digest).to_json()
 
 
 def bucket_budget(

@@ -408,7 +408,8 @@ class WeightSender:
         buckets = plan_buckets(named_tensors(weights), self.bucket_bytes)
         assert buckets, "nothing to send"
         meta = [
-            b.meta(digest_tensors(b.tensors) if self.digests else None) for b in buckets
+            b.metadata(digest_tensors(b.tensors) if self.digests else None)
+            for b in buckets
         ]
         total = sum(b.nbytes for b in buckets)
         t0 = time.perf_counter()
