@@ -91,10 +91,8 @@ def fetch_sdist(pin: Pin) -> Path:
         verify_sdist(pin, dest)
         return dest
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "--quiet", "-d", tmp, f"{pin.name}=={pin.version}",
-        ]  # fmt: skip
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+        cmd += ["--no-binary", ":all:", "-d", tmp, f"{pin.name}=={pin.version}"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         got = Path(tmp) / pin.sdist
         if not got.exists():

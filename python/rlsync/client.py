@@ -508,8 +508,9 @@ def rlsync_info(
                 endpoint,
                 404,
                 "this SGLang server is not patched with rlsync (it has no "
-                "/rlsync_info): install the sglang==0.5.10+rlsync.N wheel or "
-                "`rlsync apply` the series to its checkout",
+                "/rlsync_info): install the forked sglang==<version>+rlsync.N "
+                "wheel, or apply the series to its tree with `make apply "
+                "SGLANG_DIR=<tree>` from the rlsync repository",
             ) from e
         raise
     if not isinstance(body, dict) or "features" not in body:
