@@ -17,6 +17,7 @@ PYTEST_ARGS ?=
 
 help:
 	@echo "make test                       venv + wheel + the whole suite (real SGLang on CPU)"
+	@echo "make test-fast                  venv + wheel + the tests that start no server and build nothing (under a minute)"
 	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
 	@echo "make soak                       30 syncs with random faults into TP 1 + TP 2 under load, checked (bench/results/)"
 	@echo "make upstream                   fetch + verify + unpack the pinned sdist (build/upstream/python)"
@@ -24,9 +25,13 @@ help:
 	@echo "make patches                    re-export patches/ from build/work (deterministic)"
 	@echo "make overlay                    regenerate overlay/ from pristine + series"
 	@echo "make check                      fail on any drift between series, pristine and overlay"
-	@echo "make apply SGLANG_DIR=<tree>    apply the series to an SGLang 0.5.10 checkout"
-	@echo "make revert SGLANG_DIR=<tree>   remove it again"
-	@echo "make pr-branch SGLANG_DIR=<tree> branch with one commit per patch"
+	@echo "make apply SGLANG_DIR=<tree>    apply the series to SGLang $(VERSION): a checkout (local commits"
+	@echo "                                and edits are fine), an unpacked sdist, site-packages or the"
+	@echo "                                sglang package dir; all-or-nothing, 3-way merge in git checkouts"
+	@echo "make revert SGLANG_DIR=<tree>   remove it again (after a plain or 3-way apply)"
+	@echo "make pr-branch SGLANG_DIR=<git checkout> [AUTHOR=\"Name <mail>\"]"
+	@echo "                                branch off HEAD, one signed-off commit per patch"
+	@echo "                                (author defaults to the checkout's git user.name/user.email)"
 	@echo "make wheel                      $(WHEEL)"
 	@echo "make bench-cpu                  CPU benchmark: raw vs upstream vs two-phase (bench/results/)"
 
@@ -47,7 +52,7 @@ check:
 
 apply revert pr-branch:
 	@test -n "$(SGLANG_DIR)" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }
-	@$(DEVTOOLS) $@ "$(SGLANG_DIR)"
+	@$(DEVTOOLS) $@ "$(SGLANG_DIR)" $(if $(and $(filter pr-branch,$@),$(AUTHOR)),--author "$(AUTHOR)")
 
 venv:
 	@PYTHON=$(PYTHON) tools/venv.sh
@@ -65,6 +70,10 @@ install: venv wheel
 
 test: install
 	@$(VENV_PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-fast
+test-fast: install
+	@$(VENV_PY) -m pytest -m "not server and not build" $(PYTEST_ARGS)
 
 format:
 	@$(VENV_PY) -m black python devtools harness tests bench setup.py

@@ -64,9 +64,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 def _checkout_cmd(fn):
     def run(args: argparse.Namespace) -> int:
         layout = _layout(args)
-        extra = {}
-        for name in ("branch", "author", "site_packages"):
-            if getattr(args, name, None):
+        extra = {"generated": checkout._generated_files(layout)}
+        for name in ("branch", "author"):
+            if getattr(args, name, None) is not None:
                 extra[name] = getattr(args, name)
         print(fn(Path(args.sglang_dir), layout.pin(), layout.patches(), **extra))
         return 0
@@ -92,10 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
         ("pr-branch", checkout.pr_branch, "branch with one commit per patch"),
     ):
         p = sub.add_parser(name, help=text)
-        p.add_argument("sglang_dir", metavar="SGLANG_DIR")
+        p.add_argument(
+            "sglang_dir",
+            metavar="SGLANG_DIR",
+            help="an SGLang checkout, unpacked sdist, site-packages directory "
+            "or the sglang package directory",
+        )
         if name == "pr-branch":
             p.add_argument(
                 "--branch", help="branch name (default rlsync/<pin>-series<n>)"
+            )
+            p.add_argument(
+                "--author",
+                metavar='"NAME <MAIL>"',
+                help="author and Signed-off-by of each commit (default: the "
+                "checkout's git config user.name and user.email)",
             )
         p.set_defaults(fn=_checkout_cmd(fn))
     return parser

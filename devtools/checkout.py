@@ -1,24 +1,123 @@
-"""Apply the series to, or remove it from, a user's SGLang checkout.
+"""Apply the series to, or remove it from, a user's SGLang tree.
 
-All-or-nothing: every hunk is checked before a file is written. In a git
-checkout a 3-way apply keeps unrelated local edits; the 3-way merge is first
-tried in a scratch worktree so a conflict never leaves markers behind.
+Accepted trees (the patches name `python/sglang/...`; paths are mapped):
+  - a checkout of the upstream repository (`<repo>/python/sglang`), git or not;
+  - an unpacked sdist (`sglang-<v>/sglang`, with `PKG-INFO`/`pyproject.toml`);
+  - a site-packages directory holding `sglang/` and `sglang-<v>.dist-info/`;
+  - the `sglang` package directory itself (what `import sglang` points at).
+
+All-or-nothing: the new content of every file is computed first, in a scratch
+directory (or in memory), and only then written; nothing is written when any
+hunk fails. When a plain apply does not fit and the tree is a git checkout,
+a 3-way merge (base: the release's files, named by the blob ids the patches
+record) is used instead. Neither path touches the git index, so uncommitted
+edits stay uncommitted and take part as they are; `revert` undoes either kind
+of apply, byte for byte.
 """
 
 from __future__ import annotations
 
 import ast
+import email.utils
+import os
 import re
-import shutil
+import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import series
 from devtools.pin import Pin
-from devtools.series import IDENTITY, SeriesError, apply_patches, git, series_files
+from devtools.series import SeriesError, apply_patches, git, series_files
+
+PACKAGE = "python/sglang"
+_NO_BLOB = re.compile(r"^0+$")
 
 
 class CheckoutError(SeriesError):
     pass
+
+
+# --- where the tree is, and what it is --------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """An SGLang tree: `root`, and the prefix of series paths it lacks."""
+
+    root: Path
+    kind: str  # "checkout", "sdist" or "site-packages"
+    strip: str  # "" for a checkout, "python/" otherwise
+
+    def path(self, rel: str) -> Path:
+        if not rel.startswith(self.strip):
+            raise CheckoutError(
+                f"{rel} lies outside the sglang package, so it cannot be written "
+                f"into {self.kind} {self.root}; use a checkout of the repository"
+            )
+        return self.root / rel[len(self.strip) :]
+
+    @property
+    def package(self) -> Path:
+        return self.path(PACKAGE)
+
+    @property
+    def is_git(self) -> bool:
+        return is_git_toplevel(self.root)
+
+
+def is_git_toplevel(tree: Path) -> bool:
+    if not (tree / ".git").exists():
+        return False
+    proc = git(tree, "rev-parse", "--show-toplevel", check=False)
+    return (
+        proc.returncode == 0 and Path(proc.stdout.strip()).resolve() == tree.resolve()
+    )
+
+
+def _is_package(path: Path) -> bool:
+    return (
+        path.name == "sglang"
+        and (path / "__init__.py").is_file()
+        and (path / "srt").is_dir()
+    )
+
+
+def _dist_infos(path: Path) -> list[Path]:
+    return sorted(p for p in path.glob("sglang-*.dist-info") if p.is_dir())
+
+
+def find_target(tree: Path) -> Target:
+    given = tree
+    tree = tree.resolve()
+    if not tree.is_dir():
+        raise CheckoutError(f"{given}: no such directory")
+    if _is_package(tree):
+        tree = tree.parent
+    if (tree / "python" / "sglang").is_dir():
+        return Target(tree, "checkout", "")
+    if _is_package(tree / "sglang"):
+        if tree.name == "python" and is_git_toplevel(tree.parent):
+            return Target(tree.parent, "checkout", "")
+        sdist = (tree / "PKG-INFO").is_file() or (tree / "pyproject.toml").is_file()
+        if _dist_infos(tree) and not sdist:
+            return Target(tree, "site-packages", "python/")
+        return Target(tree, "sdist", "python/")
+    hint = ""
+    if _dist_infos(tree):
+        hint = (
+            "; SGLang is installed here from elsewhere (an editable install?): pass "
+            "the directory `python -c 'import sglang,os;"
+            "print(os.path.dirname(sglang.__file__))'` prints"
+        )
+    raise CheckoutError(
+        f"{given}: no python/sglang/ here, nor sglang/; pass the root of an SGLang "
+        f"checkout, an unpacked sdist (sglang-<version>/), a site-packages "
+        f"directory holding sglang/, or the sglang package directory{hint}"
+    )
+
+
+# --- which version --------------------------------------------------------
 
 
 def _version_from_file(path: Path) -> str | None:
@@ -34,175 +133,530 @@ def _version_from_file(path: Path) -> str | None:
     return None
 
 
-def detect_version(tree: Path) -> str | None:
-    """SGLang's version of a checkout or unpacked sdist.
+def _metadata_version(path: Path) -> str | None:
+    """`Version:` of a PKG-INFO or METADATA file."""
+    if not path.is_file():
+        return None
+    m = re.search(r"^Version: *(\S+)$", path.read_text(errors="replace"), re.M)
+    return m.group(1) if m else None
 
-    0.5.10's `python/sglang/version.py` only imports `_version.py`, which
-    setuptools-scm writes (present in sdists and built trees); a bare git
-    clone has neither, so fall back to the release tag at HEAD.
-    """
-    pkg = tree / "python" / "sglang"
-    for name in ("version.py", "_version.py"):
-        found = _version_from_file(pkg / name)
+
+def _pyproject_version(path: Path) -> str | None:
+    """A static `version = "x"` in pyproject.toml's [project] table."""
+    if not path.is_file():
+        return None
+    m = re.search(r"^\[project\]$(.*?)(?=^\[|\Z)", path.read_text(), re.M | re.S)
+    found = m and re.search(r"""^version *= *["']([^"']+)["']""", m.group(1), re.M)
+    return found.group(1) if found else None
+
+
+def _git_version(root: Path) -> tuple[str, str] | None:
+    """The nearest release tag behind HEAD (local commits on top are fine)."""
+    proc = git(
+        root, "describe", "--tags", "--long", "--match", "v[0-9]*", "HEAD", check=False
+    )
+    if proc.returncode != 0:
+        return None
+    described = proc.stdout.strip()
+    tag, ahead, _ = described.rsplit("-", 2)
+    where = f"HEAD is {tag}" if ahead == "0" else f"HEAD is {ahead} commits on {tag}"
+    return tag.removeprefix("v"), f"git describe: {where}"
+
+
+def _file_version(target: Target) -> tuple[str, str] | None:
+    base = target.path("python/")
+    candidates = [base / "PKG-INFO", base / "pyproject.toml"]
+    candidates += [d / "METADATA" for d in _dist_infos(base)]
+    candidates += [target.package / "version.py", target.package / "_version.py"]
+    for path in candidates:
+        if path.name in ("PKG-INFO", "METADATA"):
+            found = _metadata_version(path)
+        elif path.name == "pyproject.toml":
+            found = _pyproject_version(path)
+        else:
+            found = _version_from_file(path)
         if found:
-            return found
-    pkg_info = tree / "python" / "PKG-INFO"
-    if pkg_info.is_file():
-        m = re.search(r"^Version: (\S+)$", pkg_info.read_text(), re.M)
-        if m:
-            return m.group(1)
-    if is_git_toplevel(tree):
-        proc = git(tree, "describe", "--tags", "--exact-match", "HEAD", check=False)
-        if proc.returncode == 0:
-            return proc.stdout.strip().removeprefix("v")
+            return found, str(path.relative_to(target.root))
     return None
 
 
-def is_git_toplevel(tree: Path) -> bool:
-    if not (tree / ".git").exists():
-        return False
-    proc = git(tree, "rev-parse", "--show-toplevel", check=False)
-    return (
-        proc.returncode == 0 and Path(proc.stdout.strip()).resolve() == tree.resolve()
-    )
+def _detect(target: Target) -> tuple[str, str] | None:
+    """(version, where it was read). A git checkout's tags come first: a
+    checkout's `_version.py`, where there is one, is a build's leftover."""
+    if target.is_git:
+        found = _git_version(target.root)
+        if found:
+            return found
+    return _file_version(target)
 
 
-def check_tree(tree: Path, pin: Pin) -> Path:
-    tree = tree.resolve()
-    if not (tree / "python" / "sglang").is_dir():
+def detect_version(tree: Path) -> str | None:
+    """SGLang's version of any accepted tree (see the module's docstring)."""
+    found = _detect(find_target(tree))
+    return found[0] if found else None
+
+
+def check_tree(tree: Path, pin: Pin) -> Target:
+    target = find_target(tree)
+    infos = {_metadata_version(d / "METADATA") for d in _dist_infos(target.root)}
+    if target.kind == "site-packages" and len(infos) > 1:
         raise CheckoutError(
-            f"{tree}: no python/sglang/ here; pass the root of an SGLang checkout"
+            f"{target.root}: several sglang dist-info directories "
+            f"({', '.join(d.name for d in _dist_infos(target.root))}); "
+            f"reinstall SGLang {pin.version} so that one is left"
         )
-    found = detect_version(tree)
+    found = _detect(target)
     if found is None:
+        tags = " (git: no release tag v* behind HEAD; `git fetch --tags`?)"
         raise CheckoutError(
-            f"{tree}: cannot tell its SGLang version (no python/sglang/_version.py, "
-            f"no PKG-INFO, no release tag at HEAD); the series needs {pin.version}"
+            f"{target.root}: cannot tell its SGLang version (no PKG-INFO, no "
+            f"dist-info METADATA, no sglang/_version.py"
+            f"{tags if target.is_git else ''}); the series needs {pin.version}"
         )
-    if found.split("+")[0] != pin.version:
+    version, source = found
+    if version.split("+")[0] != pin.version:
         raise CheckoutError(
-            f"{tree}: SGLang {found} found, but the series is for {pin.version}; "
-            f"check out v{pin.version} first"
+            f"{target.root}: SGLang {version} found ({source}), but the series is "
+            f"for {pin.version}; use SGLang {pin.version} (in a git checkout: "
+            f"v{pin.version}, local commits on top are fine)"
         )
-    return tree
+    return target
 
 
-def _apply(tree: Path, patches: list[Path], *flags: str) -> tuple[bool, str]:
-    """`apply_patches` (one patch after another), as (ok, why)."""
+# --- generated files (a hook for series.generated_files) -----------------
+
+
+def _generated_files(layout: series.Layout) -> dict[str, str]:
+    """Build-time generated modules of the series, {series path: text}."""
+    produce = getattr(series, "generated_files", None)
+    return dict(produce(layout)) if produce else {}
+
+
+def _generated_for(patches: list[Path], given: dict[str, str] | None) -> dict:
+    if given is not None:
+        return dict(given)
+    if not patches:
+        return {}
     try:
-        apply_patches(tree, patches, *flags)
-    except SeriesError as e:
-        return False, str(e)
-    return True, ""
+        root = series.find_root(patches[0].parent)
+    except SeriesError:
+        return {}
+    return _generated_files(series.Layout(root))
 
 
-def _dry_run(tree: Path, patches: list[Path], *flags: str) -> tuple[bool, str]:
-    """The same apply on a scratch copy of the files the series touches."""
+def _check_generated(generated: dict[str, str], patched: list[str]) -> None:
+    both = sorted(set(generated) & set(patched))
+    if both:
+        raise CheckoutError(
+            f"generated files also touched by a patch: {', '.join(both)}"
+        )
+
+
+# --- computing new contents -----------------------------------------------
+
+
+Contents = dict[str, "bytes | None"]
+
+
+def _snapshot(target: Target, rels: list[str]) -> Contents:
+    out: Contents = {}
+    for rel in rels:
+        path = target.path(rel)
+        out[rel] = path.read_bytes() if path.is_file() else None
+    return out
+
+
+def _run_patches(
+    contents: Contents, patches: list[Path], *flags: str
+) -> tuple[Contents | None, str]:
+    """The patches applied to `contents` in a scratch tree (series paths):
+    (new contents, "") or (None, why)."""
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp) / "tree"
         scratch.mkdir()
-        for rel in series_files(patches):
-            if (tree / rel).is_file():
+        for rel, data in contents.items():
+            if data is not None:
                 (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(tree / rel, scratch / rel)
-        return _apply(scratch, patches, *flags)
-
-
-def is_applied(tree: Path, patches: list[Path]) -> bool:
-    ok, _ = _dry_run(tree, list(reversed(patches)), "--reverse")
-    return ok
-
-
-def _three_way_dry_run(tree: Path, patches: list[Path]) -> tuple[bool, str]:
-    """Try a 3-way apply on a scratch worktree holding the current files."""
-    snapshot = git(tree, "stash", "create", env=IDENTITY).stdout.strip() or "HEAD"
-    with tempfile.TemporaryDirectory() as tmp:
-        scratch = Path(tmp) / "scratch"
-        git(tree, "worktree", "add", "--detach", "--quiet", str(scratch), snapshot)
+                (scratch / rel).write_bytes(data)
         try:
-            ok, out = _apply(scratch, patches, "--3way")
-            unmerged = git(scratch, "ls-files", "--unmerged").stdout.strip()
-            return ok and not unmerged, out
-        finally:
-            git(tree, "worktree", "remove", "--force", str(scratch), check=False)
-            git(tree, "worktree", "prune", check=False)
+            apply_patches(scratch, patches, *flags)
+        except SeriesError as e:
+            return None, str(e)
+        return {
+            rel: (scratch / rel).read_bytes() if (scratch / rel).is_file() else None
+            for rel in contents
+        }, ""
 
 
-def apply_series(tree: Path, pin: Pin, patches: list[Path]) -> str:
-    tree = check_tree(tree, pin)
-    if not patches:
-        return "the series is empty; nothing to apply"
-    if is_applied(tree, patches):
-        return f"the series ({len(patches)} patches) is already applied to {tree}"
-    ok, why = _dry_run(tree, patches)
-    if ok:
-        ok, out = _apply(tree, patches)
-        if not ok:
-            raise CheckoutError(f"apply failed after a clean check:\n{out}")
-        return f"applied {len(patches)} patches to {tree}"
-    if is_git_toplevel(tree):
-        ok3, why3 = _three_way_dry_run(tree, patches)
-        if ok3:
-            ok, out = _apply(tree, patches, "--3way")
-            if ok:
-                return f"applied {len(patches)} patches to {tree} (3-way merge)"
-            why = out
-        else:
-            why = why3
-    raise CheckoutError(
-        f"the series does not apply to {tree}; nothing was changed:\n{why}"
+def _pristine_blobs(patches: list[Path]) -> dict[str, str | None]:
+    """Each file's blob id before the series (None: the series creates it),
+    from the first `index <old>..<new>` line of its first patch."""
+    blobs: dict[str, str | None] = {}
+    for patch in patches:
+        current = None
+        for line in patch.read_text().splitlines():
+            m = re.match(r"^diff --git a/(\S+) b/\S+$", line)
+            if m:
+                current = m.group(1) if m.group(1) not in blobs else None
+                continue
+            m = re.match(r"^index ([0-9a-f]+)\.\.[0-9a-f]+", line)
+            if m and current is not None:
+                blobs[current] = None if _NO_BLOB.match(m.group(1)) else m.group(1)
+                current = None
+    return blobs
+
+
+def _git_bytes(repo: Path, *args: str) -> bytes | None:
+    proc = subprocess.run(
+        ["git", *args],
+        cwd=repo,
+        env=series.git_env({"GIT_CEILING_DIRECTORIES": str(repo.resolve().parent)}),
+        capture_output=True,
+    )
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _merge(
+    rel: str, ours: bytes | None, base: bytes | None, theirs: bytes | None
+) -> tuple[bytes | None, bool]:
+    """git merge-file of one file: (result, clean)."""
+    if ours == base or ours == theirs:
+        return theirs, True
+    if theirs == base:
+        return ours, True
+    if ours is None or base is None or theirs is None:
+        return ours, False  # created or removed on one side, edited on the other
+    with tempfile.TemporaryDirectory() as tmp:
+        names = []
+        for name, data in (("ours", ours), ("base", base), ("theirs", theirs)):
+            (Path(tmp) / name).write_bytes(data)
+            names.append(name)
+        proc = git(Path(tmp), "merge-file", "--quiet", *names, check=False)
+        return (Path(tmp) / "ours").read_bytes(), proc.returncode == 0
+
+
+def _three_way(
+    target: Target, patches: list[Path], current: Contents, reverse: bool
+) -> tuple[Contents | None, str]:
+    """Merge the series into (or, reversed, out of) the current files: base
+    and other side are the release's blobs and those blobs + the series."""
+    blobs = _pristine_blobs(patches)
+    pristine: Contents = {}
+    missing = []
+    for rel in current:
+        blob = blobs.get(rel)
+        pristine[rel] = (
+            None if blob is None else _git_bytes(target.root, "cat-file", "blob", blob)
+        )
+        if blob is not None and pristine[rel] is None:
+            missing.append(f"{rel} ({blob[:12]})")
+    if missing:
+        return None, (
+            f"no 3-way merge: {target.root} lacks the release's version of "
+            f"{', '.join(missing)}"
+        )
+    patched, why = _run_patches(pristine, patches)
+    if patched is None:
+        raise CheckoutError(f"the series does not apply to its own release:\n{why}")
+    base, other = (patched, pristine) if reverse else (pristine, patched)
+    merged: Contents = {}
+    conflicts = []
+    for rel in current:
+        merged[rel], clean = _merge(rel, current[rel], base[rel], other[rel])
+        if not clean:
+            conflicts.append(rel)
+    if conflicts:
+        return None, f"3-way merge conflicts in: {', '.join(conflicts)}"
+    return merged, ""
+
+
+def _uncommitted(target: Target, rels: list[str]) -> list[str]:
+    """Those of `rels` with uncommitted edits (staged or not, or untracked)."""
+    if not target.is_git:
+        return []
+    paths = [str(target.path(rel).relative_to(target.root)) for rel in rels]
+    proc = git(target.root, "status", "--porcelain", "--", *paths, check=False)
+    return sorted(line[3:] for line in proc.stdout.splitlines() if line.strip())
+
+
+def _advice(target: Target, rels: list[str]) -> str:
+    dirty = _uncommitted(target, rels)
+    if not dirty:
+        return ""
+    return (
+        f"\nuncommitted edits in: {', '.join(dirty)}\nThey take part in the merge "
+        f"as they are (nothing is staged or committed by apply/revert). If they "
+        f"are what conflicts, commit them or `git stash` them, run this again, "
+        f"then `git stash pop` and resolve the conflict there."
     )
 
 
-def revert_series(tree: Path, pin: Pin, patches: list[Path]) -> str:
-    tree = check_tree(tree, pin)
-    if not patches:
-        return "the series is empty; nothing to revert"
-    if not is_applied(tree, patches):
-        ok, _ = _dry_run(tree, patches)
-        if ok:
-            return f"the series is not applied to {tree}; nothing to revert"
+def _write(target: Target, changes: Contents) -> None:
+    """Write (bytes) or remove (None) files; empty directories left by a
+    removal are removed too, up to the sglang package."""
+    paths = {rel: target.path(rel) for rel in changes}  # all mapped before writing
+    for rel, data in sorted(changes.items()):
+        path = paths[rel]
+        if data is None:
+            if path.is_file():
+                path.unlink()
+            parent = path.parent
+            while parent != target.package and parent.is_dir():
+                if any(parent.iterdir()):
+                    break
+                parent.rmdir()
+                parent = parent.parent
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+
+def _changed(before: Contents, after: Contents) -> Contents:
+    return {rel: data for rel, data in after.items() if data != before[rel]}
+
+
+# --- the commands ---------------------------------------------------------
+
+
+def apply_series(
+    tree: Path,
+    pin: Pin,
+    patches: list[Path],
+    generated: dict[str, str] | None = None,
+) -> str:
+    target = check_tree(tree, pin)
+    generated = _generated_for(patches, generated)
+    rels = series_files(patches)
+    _check_generated(generated, rels)
+    if not patches and not generated:
+        return "the series is empty; nothing to apply"
+    current = _snapshot(target, rels)
+    how = ""
+    result, _ = _run_patches(current, list(reversed(patches)), "--reverse")
+    if result is not None:
+        result = current  # applied already
+    else:
+        result, why = _run_patches(current, patches)
+    if result is None and target.is_git:
+        result, why3 = _three_way(target, patches, current, reverse=False)
+        why = f"{why}\n{why3}"
+        how = " (3-way merge)"
+    if result is None:
+        no_git = "" if target.is_git else "\n(a 3-way merge needs a git checkout)"
         raise CheckoutError(
-            f"the series cannot be reverted cleanly from {tree} (files changed "
-            f"since it was applied); nothing was changed"
+            f"the series does not apply to {target.root}; nothing was changed:\n"
+            f"{why}{no_git}{_advice(target, rels)}"
         )
-    ok, out = _apply(tree, list(reversed(patches)), "--reverse")
-    if not ok:
-        raise CheckoutError(f"revert failed:\n{out}")
-    return f"reverted {len(patches)} patches from {tree}"
+    changes = _changed(current, result)
+    gen_changes = _changed(
+        _snapshot(target, list(generated)),
+        {rel: text.encode() for rel, text in generated.items()},
+    )
+    _write(target, {**changes, **gen_changes})
+    gen_note = f"; {len(gen_changes)} generated files written" if gen_changes else ""
+    if not changes:
+        return (
+            f"the series ({len(patches)} patches) is already applied to "
+            f"{target.root}{gen_note}"
+        )
+    dirty = _uncommitted(target, [r for r in rels if current[r] is not None])
+    kept = f"; uncommitted edits kept in {', '.join(dirty)}" if how and dirty else ""
+    return (
+        f"applied {len(patches)} patches to {target.kind} {target.root}{how}"
+        f"{gen_note}{kept}"
+    )
+
+
+def revert_series(
+    tree: Path,
+    pin: Pin,
+    patches: list[Path],
+    generated: dict[str, str] | None = None,
+) -> str:
+    target = check_tree(tree, pin)
+    generated = _generated_for(patches, generated)
+    rels = series_files(patches)
+    _check_generated(generated, rels)
+    if not patches and not generated:
+        return "the series is empty; nothing to revert"
+    current = _snapshot(target, rels)
+    how = ""
+    result, why = _run_patches(current, list(reversed(patches)), "--reverse")
+    if result is None:
+        forward, _ = _run_patches(current, patches)
+        if forward is not None:
+            result = current  # not applied
+        elif target.is_git:
+            result, why3 = _three_way(target, patches, current, reverse=True)
+            why = f"{why}\n{why3}"
+            how = " (3-way merge)"
+    if result is None:
+        raise CheckoutError(
+            f"the series cannot be reverted cleanly from {target.root} (files "
+            f"changed since it was applied); nothing was changed:\n{why}"
+            f"{_advice(target, rels)}"
+        )
+    changes = _changed(current, result)
+    gen_removed = {rel: None for rel in generated if target.path(rel).is_file()}
+    _write(target, {**changes, **gen_removed})
+    gen_note = f"; {len(gen_removed)} generated files removed" if gen_removed else ""
+    if not changes:
+        return (
+            f"the series is not applied to {target.root}; nothing to revert{gen_note}"
+        )
+    return f"reverted {len(patches)} patches from {target.root}{how}{gen_note}"
+
+
+def _user_config(repo: Path, key: str) -> str:
+    """git config as the user has it (global config included)."""
+    env = dict(os.environ, GIT_CEILING_DIRECTORIES=str(repo.resolve().parent))
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):
+        env.pop(name, None)
+    proc = subprocess.run(
+        ["git", "config", "--get", key],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else ""
+
+
+def resolve_author(repo: Path, author: str | None) -> tuple[str, str]:
+    """(name, mail) from `Name <mail>`, else from the checkout's git config."""
+    if author is not None:
+        name, mail = email.utils.parseaddr(author)
+        if not (name and mail and "<" in author and "@" in mail):
+            raise CheckoutError(
+                f'the author must read "Name <mail>" (got {author!r}); '
+                f'make pr-branch SGLANG_DIR=... AUTHOR="Name <mail>"'
+            )
+        return name, mail
+    name, mail = _user_config(repo, "user.name"), _user_config(repo, "user.email")
+    if not (name and mail):
+        lacking = " and ".join(
+            key
+            for key, value in (("user.name", name), ("user.email", mail))
+            if not value
+        )
+        raise CheckoutError(
+            f"no author for the commits: {repo} has no git config {lacking}; pass "
+            f'AUTHOR="Name <mail>" (make pr-branch) or --author, or run '
+            f"`git config user.name ...` and `git config user.email ...` there"
+        )
+    return name, mail
+
+
+def _git_now(
+    cwd: Path, *args: str, env: dict[str, str], check: bool = False
+) -> subprocess.CompletedProcess:
+    """`git` as series.git runs it, without any fixed identity or date."""
+    full = series.git_env({"GIT_CEILING_DIRECTORIES": str(cwd.resolve().parent)})
+    for key in ("AUTHOR", "COMMITTER"):
+        for part in ("NAME", "EMAIL", "DATE"):
+            full.pop(f"GIT_{key}_{part}", None)
+    full.update(env)
+    proc = subprocess.run(
+        ["git", *args], cwd=cwd, env=full, capture_output=True, text=True
+    )
+    if check and proc.returncode != 0:
+        raise CheckoutError(
+            f"git {' '.join(args)} failed in {cwd}:\n{proc.stdout}{proc.stderr}"
+        )
+    return proc
+
+
+def _with_author(patch: Path, dest: Path, name: str, mail: str) -> Path:
+    """A copy of the patch whose `From:` header names the author."""
+    head, sep, rest = patch.read_text().partition("\n\n")
+    sender = email.utils.formataddr((name, mail))
+    head = re.sub(
+        r"^From: .*(?:\n[ \t].*)*$",
+        lambda _: f"From: {sender}",
+        head,
+        count=1,
+        flags=re.M,
+    )
+    out = dest / patch.name
+    out.write_text(head + sep + rest)
+    return out
 
 
 def pr_branch(
-    tree: Path, pin: Pin, patches: list[Path], branch: str | None = None
+    tree: Path,
+    pin: Pin,
+    patches: list[Path],
+    branch: str | None = None,
+    author: str | None = None,
+    generated: dict[str, str] | None = None,
 ) -> str:
-    """A branch off HEAD with one commit per patch; the checkout is untouched."""
-    tree = check_tree(tree, pin)
-    if not is_git_toplevel(tree):
-        raise CheckoutError(f"{tree}: not a git checkout; pr-branch needs one")
+    """A branch off HEAD with one commit per patch, by `author`, each signed
+    off by the author and dated now; the checkout is untouched."""
+    target = check_tree(tree, pin)
+    if target.kind != "checkout" or not target.is_git:
+        raise CheckoutError(
+            f"{target.root}: not a git checkout of the SGLang repository "
+            f"(python/sglang/ at its root); pr-branch needs one"
+        )
+    repo = target.root
+    name, mail = resolve_author(repo, author)
+    generated = _generated_for(patches, generated)
     branch = branch or f"rlsync/{pin.version}-series{pin.series}"
     exists = git(
-        tree, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
+        repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
     )
     if exists.returncode == 0:
         raise CheckoutError(
-            f"branch {branch} already exists in {tree}; delete it first"
+            f"branch {branch} already exists in {repo}; delete it first"
         )
+    # Dates are now: no GIT_*_DATE from the caller's environment either.
+    env = {"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": mail}
     with tempfile.TemporaryDirectory() as tmp:
+        authored = [_with_author(p, Path(tmp), name, mail) for p in patches]
         scratch = Path(tmp) / "scratch"
-        git(tree, "worktree", "add", "--quiet", "-b", branch, str(scratch), "HEAD")
+        git(repo, "worktree", "add", "--quiet", "-b", branch, str(scratch), "HEAD")
         try:
-            proc = git(
-                scratch, "am", "--quiet", "--keep-cr", *map(str, patches),
-                check=False, env=IDENTITY,
-            )  # fmt: skip
+            proc = _git_now(
+                scratch,
+                "am",
+                "--quiet",
+                "--keep-cr",
+                "--ignore-date",
+                "--signoff",
+                *map(str, authored),
+                env=env,
+            )
             if proc.returncode != 0:
                 git(scratch, "am", "--abort", check=False)
-                git(tree, "worktree", "remove", "--force", str(scratch), check=False)
-                git(tree, "branch", "-D", branch, check=False)
+                git(repo, "worktree", "remove", "--force", str(scratch), check=False)
+                git(repo, "branch", "-D", branch, check=False)
                 raise CheckoutError(
-                    f"the series does not apply on HEAD of {tree}:\n{proc.stdout}{proc.stderr}"
+                    f"the series does not apply on HEAD of {repo}:\n"
+                    f"{proc.stdout}{proc.stderr}"
+                )
+            if generated:
+                for rel, text in generated.items():
+                    (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (scratch / rel).write_text(text)
+                git(scratch, "add", "--force", "--", *generated)
+                _git_now(
+                    scratch,
+                    "commit",
+                    "--quiet",
+                    "--signoff",
+                    f"--author={name} <{mail}>",
+                    "-m",
+                    "rlsync: add the series' generated modules",
+                    env=env,
+                    check=True,
                 )
         finally:
-            git(tree, "worktree", "remove", "--force", str(scratch), check=False)
-            git(tree, "worktree", "prune", check=False)
-    return f"created branch {branch} in {tree} with {len(patches)} commits"
+            git(repo, "worktree", "remove", "--force", str(scratch), check=False)
+            git(repo, "worktree", "prune", check=False)
+    count = len(patches) + (1 if generated else 0)
+    note = ""
+    dirty = git(repo, "status", "--porcelain", "--untracked-files=no").stdout
+    if dirty.strip():
+        files = ", ".join(line[3:] for line in dirty.splitlines())
+        note = f"\nnote: uncommitted edits are not on the branch (it starts at HEAD): {files}"
+    return f"created branch {branch} in {repo} with {count} commits by {name} <{mail}>{note}"

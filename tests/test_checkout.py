@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -38,17 +40,30 @@ def tree(template, tmp_path) -> Path:
     return clone
 
 
-def make(target: str, tree: Path) -> subprocess.CompletedProcess:
+def make(
+    target: str, tree: Path, env: dict | None = None, **variables: str
+) -> subprocess.CompletedProcess:
+    extra = [f"{name}={value}" for name, value in variables.items()]
     return subprocess.run(
-        ["make", "-s", target, f"SGLANG_DIR={tree}"],
+        ["make", "-s", target, f"SGLANG_DIR={tree}", *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,
+        env=env,
     )
 
 
 def touched() -> list[str]:
     return series.series_files(LAYOUT.patches())
+
+
+def generated() -> dict[str, str]:
+    """The series' generated modules (written by apply, removed by revert)."""
+    return checkout._generated_files(LAYOUT)
+
+
+def written() -> list[str]:
+    return sorted({*touched(), *generated()})
 
 
 def assert_matches_overlay(tree: Path) -> None:
@@ -66,7 +81,9 @@ def test_apply_then_again_is_noop_then_revert(tree):
     assert f"applied {len(LAYOUT.patches())} patches" in proc.stdout
     assert_matches_overlay(tree)
     changed = sorted(line[3:] for line in status(tree).splitlines())
-    assert changed == touched()
+    assert changed == written()
+    for rel, text in generated().items():
+        assert (tree / rel).read_text() == text
 
     again = make("apply", tree)
     assert again.returncode == 0, again.stderr
@@ -83,17 +100,6 @@ def test_revert_when_not_applied_is_noop(tree):
     proc = make("revert", tree)
     assert proc.returncode == 0
     assert "not applied" in proc.stdout
-    assert status(tree) == ""
-
-
-def test_other_version_is_refused_naming_both(tree):
-    (tree / "python" / "sglang" / "_version.py").write_text(
-        "__version__ = version = '0.5.9'\n"
-    )
-    sh(tree, "commit", "-qam", "pretend 0.5.9")
-    proc = make("apply", tree)
-    assert proc.returncode != 0
-    assert "SGLang 0.5.9 found, but the series is for 0.5.10" in proc.stderr
     assert status(tree) == ""
 
 
@@ -171,7 +177,7 @@ def test_apply_to_a_plain_unpacked_tree(tmp_path, upstream_tree):
 
 def test_pr_branch_has_one_commit_per_patch_and_leaves_checkout_alone(tree):
     head = sh(tree, "rev-parse", "HEAD").strip()
-    proc = make("pr-branch", tree)
+    proc = make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>")
     assert proc.returncode == 0, proc.stderr
     pin = LAYOUT.pin()
     branch = f"rlsync/{pin.version}-series{pin.series}"
@@ -183,13 +189,15 @@ def test_pr_branch_has_one_commit_per_patch_and_leaves_checkout_alone(tree):
         .replace("\n ", " ")
         for p in LAYOUT.patches()
     ]
+    if generated():
+        expected.append("rlsync: add the series' generated modules")
     assert subjects == list(reversed(expected))
     assert sh(tree, "rev-parse", "HEAD").strip() == head
     assert status(tree) == ""
     for rel in touched():
         blob = sh(tree, "show", f"{branch}:{rel}").encode()
         assert blob == (LAYOUT.overlay_dir / rel).read_bytes(), rel
-    again = make("pr-branch", tree)
+    again = make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>")
     assert again.returncode != 0 and "already exists" in again.stderr
 
 
@@ -203,3 +211,294 @@ def test_apply_needs_sglang_dir():
 def test_not_an_sglang_tree_is_refused(tmp_path):
     proc = make("apply", tmp_path)
     assert proc.returncode != 0 and "no python/sglang/" in proc.stderr
+
+
+# --- real checkouts (issue 15) ---------------------------------------------
+
+PIN = LAYOUT.pin()
+JANE = "Jane Doe <jane@example.org>"
+
+
+def files_of(root: Path) -> dict[str, bytes | None]:
+    """Every file (bytes) and directory (None) under root, .git aside."""
+    out: dict[str, bytes | None] = {}
+    for path in sorted(root.rglob("*")):
+        rel = path.relative_to(root)
+        if ".git" in rel.parts:
+            continue
+        out[rel.as_posix()] = path.read_bytes() if path.is_file() else None
+    return out
+
+
+def as_git_clone(tree: Path) -> None:
+    """Drop what a git clone of upstream lacks (setuptools-scm's _version.py,
+    the sdist's PKG-INFO and egg-info), as a commit on top of v0.5.10."""
+    (tree / "python" / "sglang" / "_version.py").unlink()
+    (tree / "python" / "PKG-INFO").unlink()
+    sh(tree, "rm", "-rq", "--cached", "python/sglang.egg-info")
+    shutil.rmtree(tree / "python" / "sglang.egg-info")
+    sh(tree, "commit", "-qam", "as in a git clone: no generated version files")
+
+
+def assert_overlay_at(package: Path) -> None:
+    """The overlay's python/sglang/... files at package/..."""
+    for rel in touched():
+        mapped = package / Path(rel).relative_to("python/sglang")
+        assert mapped.read_bytes() == (LAYOUT.overlay_dir / rel).read_bytes(), rel
+
+
+def force_three_way(tree: Path) -> tuple[Path, str]:
+    """Commit a change to a context line of the first patch's first hunk:
+    a plain apply no longer fits, a 3-way merge does."""
+    rel = series.touched_files(LAYOUT.patches()[0])[0]
+    patch_text = LAYOUT.patches()[0].read_text().split("\ndiff --git ")[1]
+    hunk = patch_text.split("\n@@ ", 1)[1].split("\n", 1)[1]
+    ctx = next(l[1:] for l in hunk.splitlines() if l.startswith(" ") and l.strip())
+    target = tree / rel
+    target.write_text(target.read_text().replace(ctx, ctx + "  # local", 1))
+    sh(tree, "commit", "-qam", "local change in a context line")
+    return target, ctx + "  # local"
+
+
+def test_git_checkout_with_a_local_commit_on_the_release_tag(tree):
+    as_git_clone(tree)
+    (tree / "README.md").write_text("SGLang, our fork\n")
+    sh(tree, "commit", "-qam", "a local commit")
+    assert checkout.detect_version(tree) == "0.5.10"
+    proc = make("apply", tree)
+    assert proc.returncode == 0, proc.stderr
+    assert_matches_overlay(tree)
+
+
+def test_git_checkout_of_another_release_is_refused_naming_both(tree):
+    as_git_clone(tree)
+    (tree / "README.md").write_text("SGLang 0.5.11\n")
+    sh(tree, "commit", "-qam", "release 0.5.11")
+    sh(tree, "tag", "v0.5.11")  # v0.5.10 is an ancestor; 0.5.11 is nearer
+    sh(tree, "commit", "-q", "--allow-empty", "-m", "a local commit")
+    proc = make("apply", tree)
+    assert proc.returncode != 0
+    assert "SGLang 0.5.11 found" in proc.stderr
+    assert "1 commits on v0.5.11" in proc.stderr
+    assert "the series is for 0.5.10" in proc.stderr
+    assert status(tree) == ""
+
+
+def sdist(tmp_path: Path, upstream_tree: Path, version: str = "0.5.10") -> Path:
+    """An unpacked sdist: upstream's python/ folder as sglang-<version>/."""
+    root = tmp_path / f"sglang-{version}"
+    shutil.copytree(upstream_tree / "python", root)
+    return root
+
+
+def test_unpacked_sdist_apply_then_revert_byte_identical(tmp_path, upstream_tree):
+    root = sdist(tmp_path, upstream_tree)
+    before = files_of(root)
+    proc = make("apply", root)
+    assert proc.returncode == 0, proc.stderr
+    assert "sdist" in proc.stdout
+    assert_overlay_at(root / "sglang")
+    assert not (root / "python").exists()
+    assert "already applied" in make("apply", root).stdout
+    back = make("revert", root)
+    assert back.returncode == 0, back.stderr
+    assert files_of(root) == before
+
+
+def test_unpacked_sdist_of_another_version_is_refused(tmp_path, upstream_tree):
+    root = sdist(tmp_path, upstream_tree, "0.5.9")
+    info = root / "PKG-INFO"
+    info.write_text(info.read_text().replace("Version: 0.5.10", "Version: 0.5.9"))
+    before = files_of(root)
+    proc = make("apply", root)
+    assert proc.returncode != 0
+    assert "SGLang 0.5.9 found (PKG-INFO), but the series is for 0.5.10" in proc.stderr
+    assert files_of(root) == before
+
+
+def site_packages(tmp_path: Path, upstream_tree: Path, version="0.5.10") -> Path:
+    """An installed SGLang: site-packages/sglang + its dist-info, next to
+    another package; no _version.py, so the version is METADATA's."""
+    sp = tmp_path / "lib" / "python3.11" / "site-packages"
+    shutil.copytree(upstream_tree / "python" / "sglang", sp / "sglang")
+    (sp / "sglang" / "_version.py").unlink()
+    info = sp / f"sglang-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.4\nName: sglang\nVersion: {version}\n"
+    )
+    (info / "RECORD").write_text("sglang/__init__.py,,\n")
+    (sp / "other").mkdir()
+    (sp / "other" / "__init__.py").write_text("")
+    return sp
+
+
+@pytest.mark.parametrize("form", ["site-packages", "package dir"])
+def test_installed_sglang_apply_then_revert_byte_identical(
+    tmp_path, upstream_tree, form
+):
+    sp = site_packages(tmp_path, upstream_tree)
+    given = sp if form == "site-packages" else sp / "sglang"
+    assert checkout.detect_version(given) == "0.5.10"
+    before = files_of(sp)
+    proc = make("apply", given)
+    assert proc.returncode == 0, proc.stderr
+    assert f"site-packages {sp}" in proc.stdout
+    assert_overlay_at(sp / "sglang")
+    assert "already applied" in make("apply", given).stdout
+    back = make("revert", given)
+    assert back.returncode == 0, back.stderr
+    assert files_of(sp) == before  # new files and their new directories gone
+
+
+def test_installed_sglang_of_another_version_is_refused(tmp_path, upstream_tree):
+    sp = site_packages(tmp_path, upstream_tree, "0.5.9")
+    before = files_of(sp)
+    proc = make("apply", sp / "sglang")
+    assert proc.returncode != 0
+    assert "SGLang 0.5.9 found (sglang-0.5.9.dist-info/METADATA)" in proc.stderr
+    assert files_of(sp) == before
+
+
+def test_package_dir_of_a_checkout_applies_to_the_checkout(tree):
+    proc = make("apply", tree / "python" / "sglang")
+    assert proc.returncode == 0, proc.stderr
+    assert f"checkout {tree}" in proc.stdout
+    assert_matches_overlay(tree)
+    assert sorted(line[3:] for line in status(tree).splitlines()) == written()
+
+
+def test_three_way_apply_then_revert_is_byte_identical(tree):
+    target, local = force_three_way(tree)
+    before = files_of(tree)
+    proc = make("apply", tree)
+    assert proc.returncode == 0, proc.stderr
+    assert "3-way" in proc.stdout
+    assert local in target.read_text()
+    back = make("revert", tree)
+    assert back.returncode == 0, back.stderr
+    assert "reverted" in back.stdout
+    assert files_of(tree) == before
+    assert status(tree) == ""
+    assert "not applied" in make("revert", tree).stdout
+
+
+def test_unstaged_edits_survive_a_three_way_apply_and_its_revert(tree):
+    # A plain apply does not fit (committed change), and the same file and
+    # another one have unstaged edits: git apply --3way said "does not
+    # match index"; nothing here may stage, commit or lose them.
+    target, local = force_three_way(tree)
+    target.write_text(target.read_text() + "# unstaged edit at the end\n")
+    other = tree / next(  # a file whose last lines the series leaves alone
+        rel
+        for rel in reversed(touched())
+        if (LAYOUT.upstream_dir / rel).is_file()
+        and tree / rel != target
+        and (LAYOUT.upstream_dir / rel).read_text().splitlines()[-5:]
+        == (LAYOUT.overlay_dir / rel).read_text().splitlines()[-5:]
+    )
+    other.write_text(other.read_text() + "# another unstaged edit\n")
+    before, before_status = files_of(tree), status(tree)
+    index = sh(tree, "ls-files", "--stage")
+    proc = make("apply", tree)
+    assert proc.returncode == 0, proc.stderr
+    assert "3-way" in proc.stdout and "uncommitted edits kept" in proc.stdout
+    text = target.read_text()
+    assert local in text and text.endswith("# unstaged edit at the end\n")
+    assert other.read_text().endswith("# another unstaged edit\n")
+    assert sh(tree, "ls-files", "--stage") == index
+    back = make("revert", tree)
+    assert back.returncode == 0, back.stderr
+    assert files_of(tree) == before
+    assert status(tree) == before_status
+    assert sh(tree, "ls-files", "--stage") == index
+
+
+def test_conflicting_uncommitted_edit_is_named_with_advice(tree):
+    target, _ = force_three_way(tree)
+    target.write_text("# rewritten locally, not committed\n")
+    before = files_of(tree)
+    proc = make("apply", tree)
+    assert proc.returncode != 0
+    assert "nothing was changed" in proc.stderr
+    rel = target.relative_to(tree).as_posix()
+    assert f"uncommitted edits in: {rel}" in proc.stderr
+    assert "git stash" in proc.stderr and "does not match index" not in proc.stderr
+    assert files_of(tree) == before
+    assert sh(tree, "worktree", "list").count("\n") == 1
+
+
+def test_generated_files_are_written_and_removed(tmp_path, upstream_tree, monkeypatch):
+    monkeypatch.delattr(series, "generated_files", raising=False)
+    assert checkout._generated_files(LAYOUT) == {}
+    rel = "python/sglang/srt/weight_sync/generated_by_rlsync/info.py"
+    monkeypatch.setattr(
+        series, "generated_files", lambda layout: {rel: "SERIES = 6\n"}, raising=False
+    )
+    generated = checkout._generated_files(LAYOUT)
+    assert generated == {rel: "SERIES = 6\n"}
+    root = sdist(tmp_path, upstream_tree)
+    before = files_of(root)
+    patches = LAYOUT.patches()
+    out = checkout.apply_series(root, PIN, patches, generated=generated)
+    assert "1 generated files written" in out
+    assert (root / rel.removeprefix("python/")).read_text() == "SERIES = 6\n"
+    out = checkout.revert_series(root, PIN, patches, generated=generated)
+    assert "1 generated files removed" in out
+    assert files_of(root) == before
+
+
+def pr_log(tree: Path, head: str, branch: str) -> list[tuple[str, str, str, int]]:
+    """(author, committer, message, author date) per commit, oldest first."""
+    fmt = "--format=%x00%an <%ae>%n%cn <%ce>%n%ad%n%B"
+    out = sh(tree, "log", "--reverse", "--date=unix", fmt, f"{head}..{branch}")
+    commits = []
+    for entry in out.split("\0")[1:]:
+        author, committer, date, body = entry.split("\n", 3)
+        commits.append((author, committer, body, int(date)))
+    return commits
+
+
+def no_global_git_config(tmp_path: Path) -> dict:
+    env = dict(os.environ, HOME=str(tmp_path), GIT_CONFIG_GLOBAL=os.devnull)
+    env["GIT_CONFIG_NOSYSTEM"] = "1"
+    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "EMAIL"):
+        env.pop(key, None)
+    return env
+
+
+def test_pr_branch_commits_by_the_author_signed_off_and_dated_now(tree, tmp_path):
+    head = sh(tree, "rev-parse", "HEAD").strip()
+    started = int(time.time())
+    proc = make("pr-branch", tree, env=no_global_git_config(tmp_path), AUTHOR=JANE)
+    assert proc.returncode == 0, proc.stderr
+    branch = f"rlsync/{PIN.version}-series{PIN.series}"
+    commits = pr_log(tree, head, branch)
+    for author, committer, body, date in commits:
+        assert author == committer == JANE
+        assert body.rstrip().splitlines()[-1] == f"Signed-off-by: {JANE}"
+        assert started - 5 <= date <= time.time() + 5  # now, not 2000-01-01
+    assert len(commits) == len(LAYOUT.patches()) + bool(generated())
+
+
+def test_pr_branch_author_defaults_to_the_checkouts_git_config(tree, tmp_path):
+    sh(tree, "config", "user.name", "Local Dev")
+    sh(tree, "config", "user.email", "dev@example.org")
+    head = sh(tree, "rev-parse", "HEAD").strip()
+    proc = make("pr-branch", tree, env=no_global_git_config(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    branch = f"rlsync/{PIN.version}-series{PIN.series}"
+    for author, committer, body, _ in pr_log(tree, head, branch):
+        assert author == committer == "Local Dev <dev@example.org>"
+        assert "Signed-off-by: Local Dev <dev@example.org>" in body
+
+
+def test_pr_branch_without_any_author_is_refused(tree, tmp_path):
+    sh(tree, "config", "user.name", "Local Dev")  # no user.email
+    proc = make("pr-branch", tree, env=no_global_git_config(tmp_path))
+    assert proc.returncode != 0
+    assert "no author" in proc.stderr and "user.email" in proc.stderr
+    assert 'AUTHOR="Name <mail>"' in proc.stderr
+    assert "rlsync/" not in sh(tree, "branch", "--list")
+    bad = make("pr-branch", tree, AUTHOR="just a name")
+    assert bad.returncode != 0 and '"Name <mail>"' in bad.stderr
