@@ -17,7 +17,12 @@ from setuptools import find_namespace_packages, setup
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from devtools.series import Layout, ensure_upstream, patched_tree  # noqa: E402
+from devtools.series import (  # noqa: E402
+    Layout,
+    ensure_upstream,
+    generated_files,
+    patched_tree,
+)
 
 _EXTRA = re.compile(r'\s*(?:and\s+)?extra == "([^"]+)"\s*')
 
@@ -51,6 +56,11 @@ def stage(layout: Layout) -> Path:
             dst = out / Path(rel).relative_to("python")
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(tmp) / rel, dst)
+    # What the server reports at /rlsync_info (series, pin, features).
+    for rel, text in generated_files(layout).items():
+        dst = out / Path(rel).relative_to("python")
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_text(text)
     version = layout.pin().local_version
     (out / "sglang" / "_version.py").write_text(
         f"__version__ = version = {version!r}\n"

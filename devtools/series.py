@@ -11,6 +11,7 @@ Standard library and git only.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import re
 import shutil
@@ -195,6 +196,207 @@ def lint_patch(patch: Path) -> list[str]:
     return problems
 
 
+_TRAILER = re.compile(r"^(Depends|Feature): *(.*?) *$", re.M)
+
+
+def patch_message(patch: Path) -> str:
+    """The commit message of a patch (between the headers and the diffstat)."""
+    head = patch.read_text().partition("\ndiff --git ")[0]
+    body = head.split("\n\n", 1)[1] if "\n\n" in head else ""
+    return body.split("\n---\n", 1)[0]
+
+
+def patch_trailers(patch: Path, key: str) -> list[str]:
+    """Values of `key:` lines in a patch's message; a line may list several,
+    separated by commas or spaces."""
+    values: list[str] = []
+    for found_key, value in _TRAILER.findall(patch_message(patch)):
+        if found_key == key:
+            values.extend(v for v in re.split(r"[,\s]+", value) if v)
+    return values
+
+
+def patch_features(patch: Path) -> list[str]:
+    """The capabilities a patch adds (`Feature: <name>` lines)."""
+    return patch_trailers(patch, "Feature")
+
+
+def declared_dependencies(patches: list[Path]) -> dict[str, list[Path]]:
+    """Each patch's `Depends:` lines resolved to the patches they name (by
+    file name, with or without `.patch`); SeriesError naming the patch when
+    one names a patch not in the series, itself, or a later one."""
+    index = {p.name.removesuffix(".patch"): i for i, p in enumerate(patches)}
+    deps: dict[str, list[Path]] = {}
+    problems = []
+    for i, patch in enumerate(patches):
+        deps[patch.name] = []
+        for name in patch_trailers(patch, "Depends"):
+            j = index.get(name.removesuffix(".patch"))
+            if j is None:
+                problems.append(
+                    f"{patch.name}: Depends: {name}: no such patch in the series"
+                )
+            elif j >= i:
+                problems.append(
+                    f"{patch.name}: Depends: {name}: not earlier in the series "
+                    f"(a patch may only depend on patches before it)"
+                )
+            else:
+                deps[patch.name].append(patches[j])
+    if problems:
+        raise SeriesError("\n".join(problems))
+    return deps
+
+
+def with_dependencies(
+    patch: Path, patches: list[Path], deps: dict[str, list[Path]]
+) -> list[Path]:
+    """`patch` and everything it declares it needs, transitively, in series
+    order."""
+    need = {patch.name}
+    stack = [patch]
+    while stack:
+        for dep in deps[stack.pop().name]:
+            if dep.name not in need:
+                need.add(dep.name)
+                stack.append(dep)
+    return [p for p in patches if p.name in need]
+
+
+_IMPORT_STATEMENT = re.compile(
+    r"^from (sglang[\w.]*) import (?:\(([^)]*)\)|([\w, ]+)$)", re.M
+)
+
+
+def added_imports(patch: Path) -> list[tuple[str, str]]:
+    """(module, name) of every `from sglang... import name` statement a
+    patch adds."""
+    added = "\n".join(
+        line[1:]
+        for line in patch.read_text().splitlines()
+        if line.startswith("+") and not line.startswith("+++")
+    )
+    found = []
+    for m in _IMPORT_STATEMENT.finditer(added):
+        names = (m.group(2) or m.group(3) or "").replace(",", " ").split()
+        found.extend((m.group(1), name.strip()) for name in names if name != "as")
+    return found
+
+
+def _defines(tree: Path, pristine: Path, module: str, name: str) -> bool:
+    """Whether `module` in `tree` (else in the pristine tree) defines `name`
+    (or `name` is a submodule of it): a plain text test, enough to tell a
+    module or function a patch adds from one upstream has."""
+    rel = Path("python", *module.split("."))
+    for base in (tree, pristine):
+        for path in (rel.with_suffix(".py"), rel / "__init__.py"):
+            if (base / path).is_file():
+                text = (base / path).read_text(errors="replace")
+                if re.search(
+                    rf"^\s*(?:async\s+)?(?:def|class)\s+{name}\b"
+                    rf"|^\s*{name}\s*[:=]|import[^\n]*\b{name}\b"
+                    rf"|^\s+{name},?\s*$",
+                    text,
+                    re.M,
+                ):
+                    return True
+                break
+        if (base / rel / name).is_dir() or (base / rel / f"{name}.py").is_file():
+            return True
+    return False
+
+
+def check_patch_alone(
+    layout: Layout, patch: Path, needed: list[Path], dest: Path
+) -> list[str]:
+    """Apply `needed` (the patch and its declared dependencies) to a scratch
+    copy of the pristine files they touch; every `from sglang... import`
+    the patch adds must then resolve."""
+    try:
+        patched_tree(layout, dest, needed)
+    except SeriesError as e:
+        return [
+            f"{patch.name}: does not apply on its own with its declared "
+            f"dependencies ({', '.join(p.name for p in needed[:-1]) or 'none'}); "
+            f"add the patch it needs as a 'Depends:' line\n{e}"
+        ]
+    pristine = layout.upstream_dir
+    return [
+        f"{patch.name}: imports {name} from {module}, which neither the pristine "
+        f"tree nor its declared dependencies define; add the patch that adds it "
+        f"as a 'Depends:' line"
+        for module, name in added_imports(patch)
+        if not _defines(dest, pristine, module, name)
+    ]
+
+
+def check_each_patch_alone(layout: Layout, patches: list[Path]) -> list[str]:
+    """Every patch applies to the pristine tree with only its declared
+    dependencies (transitively), in parallel scratch trees."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        deps = declared_dependencies(patches)
+    except SeriesError as e:
+        return str(e).splitlines()
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs = []
+        for i, patch in enumerate(patches):
+            dest = Path(tmp) / str(i)
+            dest.mkdir()
+            needed = with_dependencies(patch, patches, deps)
+            jobs.append((patch, needed, dest))
+        with ThreadPoolExecutor(max_workers=min(8, len(jobs) or 1)) as pool:
+            results = pool.map(lambda job: check_patch_alone(layout, *job), jobs)
+            return [problem for found in results for problem in found]
+
+
+# --- generated modules ------------------------------------------------------
+
+# What the server reports at /rlsync_info: written into every tree the series
+# is built into (overlay, wheel, `make apply`, build/work), never patched.
+SERIES_MODULE = "python/sglang/srt/weight_sync/_series.py"
+
+
+def series_features(patches: list[Path]) -> list[str]:
+    """Every patch's `Feature:` names, in series order."""
+    return [name for patch in patches for name in patch_features(patch)]
+
+
+def series_module_text(layout: Layout, patches: list[Path] | None = None) -> str:
+    """`SERIES_MODULE`: the pin's series number and release, and the
+    features of the series, formatted as black formats them."""
+    pin = layout.pin()
+    patches = layout.patches() if patches is None else patches
+    features = "".join(f"    {json.dumps(n)},\n" for n in series_features(patches))
+    return (
+        '"""The weight-sync series built into this tree: generated from the\n'
+        'series and its pin (each patch names its feature); do not edit."""\n'
+        "\n"
+        f"SERIES = {int(pin.series)}\n"
+        f'PIN = {{"name": {json.dumps(pin.name)}, "version": {json.dumps(pin.version)}}}\n'
+        f"FEATURES = (\n{features})\n"
+    )
+
+
+def generated_files(layout: Layout) -> dict[str, str]:
+    """Files that are not patched but written into every tree the series is
+    built into, by path relative to the repository root of the tree (the
+    overlay, the wheel, an applied checkout): {relpath: text}."""
+    return {SERIES_MODULE: series_module_text(layout)}
+
+
+def write_generated(layout: Layout, tree: Path) -> list[str]:
+    """Write `generated_files` into `tree` (a checkout's root, holding
+    python/sglang)."""
+    written = []
+    for rel, text in generated_files(layout).items():
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tree / rel).write_text(text)
+        written.append(rel)
+    return written
+
+
 # --- applying -------------------------------------------------------------
 
 
@@ -255,6 +457,7 @@ def regenerate_overlay(layout: Layout) -> list[str]:
             dst = layout.overlay_dir / rel
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(Path(tmp) / rel, dst)
+    write_generated(layout, layout.overlay_dir)
     regenerate_vendored(layout)
     return files
 
@@ -263,6 +466,7 @@ def regenerate_overlay(layout: Layout) -> list[str]:
 # (standard library only): copy -> overlay source. `make overlay` writes them;
 # `make check` fails on drift. Edit the source in build/work, never the copy.
 VENDORED = {
+    "python/rlsync/digest.py": "python/sglang/srt/weight_sync/digest.py",
     "python/rlsync/update_group_net.py": (
         "python/sglang/srt/weight_sync/update_group_net.py"
     ),
@@ -343,31 +547,31 @@ def check(layout: Layout) -> list[str]:
                     f"(edit build/work and run `make patches overlay`)\n"
                     + _first_difference(rel, expected, actual)
                 )
-        for rel in sorted(present - set(files)):
+        generated = generated_files(layout)
+        for rel in sorted(present - set(files) - set(generated)):
             problems.append(f"overlay/{rel}: no patch touches this file")
-    problems.extend(check_series_number(layout))
+    problems.extend(check_generated(layout))
+    problems.extend(check_each_patch_alone(layout, patches))
     problems.extend(check_library_version(layout))
     problems.extend(check_vendored(layout))
     return problems
 
 
-INFO_MODULE = "python/sglang/srt/weight_sync/rlsync_info.py"
-
-
-def check_series_number(layout: Layout) -> list[str]:
-    """The series number the server reports (/rlsync_info) is the pin's."""
-    info = layout.overlay_dir / INFO_MODULE
-    if not info.is_file():
-        return []
-    found = re.search(r"^SERIES = (\d+)$", info.read_text(), re.M)
-    want = layout.pin().series
-    if found is None or int(found.group(1)) != int(want):
-        got = found.group(1) if found else "none"
-        return [
-            f"overlay/{INFO_MODULE}: SERIES = {got}, but upstream.pin says "
-            f"series = {want}; bump both together (in build/work)"
-        ]
-    return []
+def check_generated(layout: Layout) -> list[str]:
+    """The overlay holds the generated modules as the series and the pin
+    say now (the series number /rlsync_info reports is the pin's)."""
+    problems = []
+    for rel, text in generated_files(layout).items():
+        path = layout.overlay_dir / rel
+        if not path.is_file():
+            problems.append(f"overlay/{rel}: missing (generated; run `make overlay`)")
+        elif path.read_text() != text:
+            problems.append(
+                f"overlay/{rel}: differs from what the series and upstream.pin "
+                f"generate (run `make overlay`)\n"
+                + _first_difference(rel, text.encode(), path.read_bytes())
+            )
+    return problems
 
 
 LIBRARY_INIT = "python/rlsync/__init__.py"
@@ -419,12 +623,19 @@ def make_worktree(layout: Layout) -> Path:
         env={**IDENTITY, **dates},
     )  # fmt: skip
     git(work, "tag", "upstream")
+    # Generated, never committed: a tree to run servers from
+    # (RLSYNC_SGLANG_TREE=build/work/python) needs them.
+    (work / ".git" / "info").mkdir(parents=True, exist_ok=True)
+    (work / ".git" / "info" / "exclude").write_text(
+        "".join(f"/{rel}\n" for rel in generated_files(layout))
+    )
     patches = layout.patches()
     if patches:
         git(
             work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date",
             *map(str, patches), env=IDENTITY,
         )  # fmt: skip
+    write_generated(layout, work)
     return work
 
 
@@ -454,4 +665,5 @@ def export_patches(layout: Layout) -> list[Path]:
         for path in exported:
             shutil.copyfile(path, layout.patches_dir / path.name)
     layout.series_file.write_text("".join(p.name + "\n" for p in exported))
+    write_generated(layout, work)
     return [layout.patches_dir / p.name for p in exported]

@@ -1,10 +1,11 @@
-"""Sender and receiver agree on bucket digests; the digest catches what it
-must; the planner keeps its promises; the receive module imports only torch.
-(tests/test_digest_strength.py proves the digest's guarantees in detail.)"""
+"""Sender and receiver agree on bucket digests (the trainer's digest module
+is a generated copy of the server's); the digest catches what it must; the
+planner keeps its promises; the receive module imports only torch and the
+digest module. (tests/test_digest_strength.py proves the digest's
+guarantees in detail.)"""
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import subprocess
 import sys
@@ -20,15 +21,19 @@ from rlsync.planner import bucket_budget, plan_buckets
 
 ROOT = Path(__file__).resolve().parents[1]
 RECEIVER = "python/sglang/srt/weight_sync/staged_receiver.py"
+DIGEST = "python/sglang/srt/weight_sync/digest.py"
+DIGEST_MODULE = "sglang.srt.weight_sync.digest"
 
 
-def load_receiver_source() -> ModuleType:
-    """The server's staged_receiver (it imports only torch) from source: the
-    developer worktree's copy where there is one, else the overlay's."""
-    path = ROOT / "build" / "work" / RECEIVER
-    if not path.is_file():
-        path = ROOT / "overlay" / RECEIVER
-    spec = importlib.util.spec_from_file_location("staged_receiver_source", path)
+def series_source(rel: str) -> Path:
+    """A series module's source: the developer worktree's copy where there
+    is one, else the overlay's."""
+    path = ROOT / "build" / "work" / rel
+    return path if path.is_file() else ROOT / "overlay" / rel
+
+
+def load_source(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
@@ -36,8 +41,24 @@ def load_receiver_source() -> ModuleType:
     return module
 
 
+def load_receiver_source() -> ModuleType:
+    """The server's staged_receiver and its digest module (they import only
+    torch) from source, without importing sglang."""
+    digest = load_source("digest_source", series_source(DIGEST))
+    saved = sys.modules.get(DIGEST_MODULE)
+    sys.modules[DIGEST_MODULE] = digest
+    try:
+        return load_source("staged_receiver_source", series_source(RECEIVER))
+    finally:
+        if saved is None:
+            sys.modules.pop(DIGEST_MODULE, None)
+        else:
+            sys.modules[DIGEST_MODULE] = saved
+
+
 server = load_receiver_source()
-bucket_digest = server.bucket_digest
+server_digest = sys.modules["digest_source"]
+bucket_digest = server_digest.digest_bytes
 
 
 @pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 255, 256, 257, 4096, 1_000_003])
@@ -49,42 +70,16 @@ def test_trainer_and_server_digests_agree(n):
     assert digest_bytes(data).startswith(f"{server.DIGEST_ALGORITHM}:")
 
 
-SHARED = (
-    "PSUM_PRIME",
-    "MAX_DIGEST_BYTES",
-    "_PSUM_COLS",
-    "_PSUM_BLOCK_ROWS",
-    "PsumPiece",
-    "_psum_rows_cols",
-    "_psum_pieces",
-    "psum_totals",
-    "_psum_format",
-)
-
-
-def _definitions(path: Path) -> dict[str, str]:
-    source = path.read_text()
-    found = {}
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
-            name = node.targets[0].id
-        elif isinstance(node, ast.FunctionDef):
-            name = node.name
-        else:
-            continue
-        found[name] = ast.get_source_segment(source, node)
-    return found
-
-
-def test_server_shares_the_digest_code_verbatim():
-    """One algorithm, two copies: the trainer's and the server's are the
-    same text, so they cannot drift apart."""
-    trainer = _definitions(Path(trainer_digest.__file__))
-    receiver = _definitions(Path(server.__file__))
-    for name in SHARED:
-        assert name in trainer and name in receiver, name
-        assert trainer[name] == receiver[name], name
+def test_the_trainer_digest_is_the_generated_copy_of_the_servers():
+    """One algorithm, one source: python/rlsync/digest.py is generated from
+    the server's weight_sync/digest.py (`make overlay`; `make check` fails on
+    drift), and the receiver checks buckets with the server's module."""
+    text = Path(trainer_digest.__file__).read_text()
+    header, body = text.split("\n", 1)
+    assert header.startswith("# Generated from overlay/" + DIGEST)
+    assert body == (ROOT / "overlay" / DIGEST).read_text()
     assert trainer_digest.DIGEST_ALGORITHM == server.DIGEST_ALGORITHM == "psum61"
+    assert server.digest_bytes is sys.modules["digest_source"].digest_bytes
 
 
 def test_server_accepts_its_digests_and_rejects_others_naming_the_field():
@@ -228,15 +223,19 @@ def test_planner_rejects_duplicates_and_bad_budget():
 
 
 def test_receive_module_imports_only_torch():
-    """Loaded by file path with sglang unimportable: the GPU benchmark does this."""
-    spec = importlib.util.find_spec("sglang.srt.weight_sync.staged_receiver")
+    """Loaded by file path with sglang unimportable, its digest module
+    beside it: the GPU benchmark does this."""
+    receiver, digest = str(series_source(RECEIVER)), str(series_source(DIGEST))
     code = (
         "import sys, importlib.util\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] == 'sglang': raise ImportError('sglang blocked')\n"
         "sys.meta_path.insert(0, Block())\n"
-        f"s = importlib.util.spec_from_file_location('staged_receiver', {spec.origin!r})\n"
+        f"d = importlib.util.spec_from_file_location('{DIGEST_MODULE}', {digest!r})\n"
+        f"dm = importlib.util.module_from_spec(d); sys.modules['{DIGEST_MODULE}'] = dm\n"
+        "d.loader.exec_module(dm)\n"
+        f"s = importlib.util.spec_from_file_location('staged_receiver', {receiver!r})\n"
         "m = importlib.util.module_from_spec(s); sys.modules['staged_receiver'] = m\n"
         "s.loader.exec_module(m)\n"
         "print(m.StagedWeightReceiver.__name__)\n"

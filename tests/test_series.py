@@ -177,29 +177,135 @@ def test_export_refuses_uncommitted_changes(scratch):
         series.export_patches(scratch)
 
 
-def test_series_number_bump_without_the_server_fails_check(scratch):
-    """/rlsync_info reports the series the wheel is versioned with."""
+def test_series_number_bump_without_the_generated_module_fails_check(scratch):
+    """/rlsync_info reports the series the wheel is versioned with: the
+    generated module follows the pin, and `make overlay` rewrites it."""
     pin = scratch.root / "upstream.pin"
     pin.write_text(
         pin.read_text().replace(f"series = {scratch.pin().series}", "series = 99")
     )
     proc = run_check(scratch)
     assert proc.returncode == 1
-    assert "weight_sync/rlsync_info.py: SERIES = " in proc.stderr
-    assert "upstream.pin says series = 99" in proc.stderr
+    assert f"overlay/{series.SERIES_MODULE}: differs from what the series" in (
+        proc.stderr
+    )
+    assert "+SERIES = 7" in proc.stderr or "-SERIES = 99" in proc.stderr
+    series.regenerate_overlay(scratch)
+    assert "SERIES = 99\n" in (scratch.overlay_dir / series.SERIES_MODULE).read_text()
+
+
+def test_features_come_from_the_patch_headers(scratch):
+    """Each patch names the feature it adds; no patch edits a shared list."""
+    text = (scratch.overlay_dir / series.SERIES_MODULE).read_text()
+    assert f"SERIES = {scratch.pin().series}\n" in text
+    features = series.series_features(scratch.patches())
+    assert "two_phase_weight_update" in features and "rlsync_info" in features
+    for name in features:
+        assert f'    "{name}",\n' in text
+    assert series.generated_files(scratch) == {series.SERIES_MODULE: text}
+    patch = patch_named(scratch, "two-phase-update")
+    patch.write_text(
+        patch.read_text().replace("Feature: two_phase_weight_update\n", "")
+    )
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert '+    "two_phase_weight_update",' in proc.stderr
+    series.regenerate_overlay(scratch)
+    assert run_check(scratch).returncode == 0
+    assert (
+        "two_phase_weight_update"
+        not in (scratch.overlay_dir / series.SERIES_MODULE).read_text()
+    )
+
+
+def test_no_patch_edits_the_feature_list():
+    """Patches add features by a header line, never by editing a file that
+    lists them."""
+    for patch in series.Layout(ROOT).patches():
+        assert series.SERIES_MODULE not in series.touched_files(patch), patch.name
+        assert "FEATURES = (" not in patch.read_text(), patch.name
+
+
+def patch_named(layout: series.Layout, part: str) -> Path:
+    (found,) = [p for p in layout.patches() if part in p.name]
+    return found
+
+
+def drop_depends(patch: Path, part: str = "") -> None:
+    lines = patch.read_text().split("\n")
+    kept = [l for l in lines if not (l.startswith("Depends: ") and part in l)]
+    assert len(kept) < len(lines), f"{patch.name} has no Depends: line with {part}"
+    patch.write_text("\n".join(kept))
+
+
+def test_a_patch_that_does_not_apply_without_an_undeclared_patch_fails_check(
+    scratch,
+):
+    """Each patch applies alone with what it declares: the checksum patch's
+    context comes from the two-phase one."""
+    patch = patch_named(scratch, "weights_checker")
+    drop_depends(patch)
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"{patch.name}: does not apply on its own" in proc.stderr
+    assert "'Depends:'" in proc.stderr
+
+
+def test_a_patch_importing_a_module_of_an_undeclared_patch_fails_check(scratch):
+    """Code use counts: the two-phase patch applies without the per-rank
+    helper patch, but imports the module that patch adds."""
+    patch = patch_named(scratch, "two-phase-update")
+    drop_depends(patch, "gather-every-TP-rank")
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert (
+        f"{patch.name}: imports gather_from_tp_ranks from "
+        "sglang.srt.managers.weight_op_results" in proc.stderr
+    )
+
+
+def test_an_unknown_or_later_dependency_fails_check_naming_the_patch(scratch):
+    first, second = scratch.patches()[:2]
+    text = first.read_text().replace(
+        "\nForwarded: ",
+        f"\nDepends: 0099-no-such-patch\nDepends: {second.stem}\nForwarded: ",
+        1,
+    )
+    first.write_text(text)
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"{first.name}: Depends: 0099-no-such-patch: no such patch" in proc.stderr
+    assert f"{first.name}: Depends: {second.stem}: not earlier in the series" in (
+        proc.stderr
+    )
+
+
+def test_every_patch_declares_what_it_needs():
+    """The dependencies the series declares resolve, and each patch applies
+    alone with them (what `make check` runs)."""
+    layout = series.Layout(ROOT)
+    patches = layout.patches()
+    deps = series.declared_dependencies(patches)
+    assert series.check_each_patch_alone(layout, patches) == []
+    needed = series.with_dependencies(
+        patch_named(layout, "data-parallel"), patches, deps
+    )
+    assert any("two-phase-update" in p.name for p in needed)
+    assert any("gather-every-TP-rank" in p.name for p in needed)
 
 
 def test_a_hand_edited_generated_copy_fails_check(scratch):
-    """The trainer library's copy of a series module is generated, never
-    edited: check names it, and `make overlay` puts it back."""
-    (copy,) = series.VENDORED
-    path = scratch.root / copy
-    path.write_text(path.read_text() + "# edited by hand\n")
-    proc = run_check(scratch)
-    assert proc.returncode == 1
-    assert f"{copy}: differs from overlay/" in proc.stderr
-    series.regenerate_overlay(scratch)
-    assert run_check(scratch).returncode == 0
+    """The trainer library's copies of series modules are generated, never
+    edited: check names them, and `make overlay` puts them back."""
+    assert "python/rlsync/digest.py" in series.VENDORED
+    for copy in series.VENDORED:
+        path = scratch.root / copy
+        path.write_text(path.read_text() + "# edited by hand\n")
+        proc = run_check(scratch)
+        assert proc.returncode == 1
+        assert f"{copy}: differs from overlay/" in proc.stderr
+        series.regenerate_overlay(scratch)
+        assert run_check(scratch).returncode == 0
 
 
 def test_pin_names_the_pinned_release():

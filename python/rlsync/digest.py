@@ -1,4 +1,6 @@
-"""Bucket digests the server checks before it applies anything.
+# Generated from overlay/python/sglang/srt/weight_sync/digest.py by `make overlay`; do not edit.
+"""Bucket digests: the sender attaches one to each bucket of a two-phase
+weight update, and the receiver checks it before anything is applied.
 
 "psum61:<s1>:<s2>": two position-weighted sums of the bucket's 32-bit words
 modulo the Mersenne prime p = 2**61 - 1. The bytes, zero-padded to a multiple
@@ -46,8 +48,8 @@ chunk's start) adds S_c to S and T_c + a * S_c to T = sum(i * w_i), and
 s2 = T + S. `digest_tensors` combines tensors that way without packing them;
 a fused GPU kernel can do the same per thread block in one read pass.
 
-Must agree bit for bit with the server's `staged_receiver.bucket_digest`,
-which shares the `_psum_*` functions below verbatim.
+Imports only torch, so a trainer can carry a copy of this module to compute
+the digests it sends.
 """
 
 from __future__ import annotations
@@ -55,9 +57,6 @@ from __future__ import annotations
 import torch
 
 DIGEST_ALGORITHM = "psum61"
-ALGORITHM = DIGEST_ALGORITHM
-
-# --- shared with the server's staged_receiver (keep identical) ---------------
 
 PSUM_PRIME = (1 << 61) - 1
 MAX_DIGEST_BYTES = 1 << 38  # exclusive: fewer than 2**36 words
@@ -168,11 +167,9 @@ def _psum_format(s: int, t: int) -> str:
     return f"{DIGEST_ALGORITHM}:{s1:016x}:{s2:016x}"
 
 
-# --- trainer side ------------------------------------------------------------
-
-
 def digest_bytes(data: torch.Tensor) -> str:
-    """Digest of a 1-D contiguous uint8 tensor on any device."""
+    """Digest of a 1-D contiguous uint8 tensor on any device (a bucket's
+    bytes, as the receiver holds them)."""
     assert data.dtype == torch.uint8 and data.dim() == 1, "need 1-D uint8 bytes"
     assert data.is_contiguous(), "bytes must be contiguous"
     s, t, _ = psum_totals([data])[0]

@@ -1281,12 +1281,15 @@ async def resume_memory_occupation(
 @app.post("/weights_checker")
 @auth_level(AuthLevel.ADMIN_OPTIONAL)
 async def check_weights(obj: CheckWeightsReqInput, request: Request):
-    success, message, rank_results = (
-        await _global_state.tokenizer_manager.check_weights(obj, request)
-    )
-    content = {"success": success, "message": message, "rank_results": rank_results}
+    result = await _global_state.tokenizer_manager.check_weights(obj, request)
+    success, message = result
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": result.rank_results,
+    }
     if success and obj.action == "checksum":
-        content.update(merge_rank_checksums(rank_results))
+        content.update(merge_rank_checksums(result.rank_results))
     return ORJSONResponse(
         content, status_code=200 if success else HTTPStatus.BAD_REQUEST
     )

@@ -26,6 +26,7 @@ from sglang.srt.managers.io_struct import (
     PrepareWeightsUpdateReqInput,
     PrepareWeightsUpdateReqOutput,
 )
+from sglang.srt.managers.weight_op_results import gather_from_tp_ranks
 from sglang.srt.managers.weight_update_health import (
     pause_watchdogs_during_weight_update,
 )
@@ -92,16 +93,6 @@ class SchedulerTwoPhaseUpdateMixin:
     # worker threads, which block until the peer sends or goes away.
     _abandoned_update_groups: Optional[List] = None
     _receive_idle_poller: Optional[zmq.Poller] = None
-
-    def _gather_rank_results(self: Scheduler, result: Dict[str, Any]) -> List[Dict]:
-        result = {"rank": self.tp_rank, **result}
-        if self.server_args.dp_size > 1:
-            result["dp_rank"] = self.dp_rank
-        if self.tp_size == 1:
-            return [result]
-        gathered: List[Optional[Dict]] = [None] * self.tp_size
-        torch.distributed.all_gather_object(gathered, result, group=self.tp_cpu_group)
-        return gathered
 
     def _end_two_phase_session(self: Scheduler, release: bool) -> None:
         self._two_phase_session = None
@@ -186,7 +177,7 @@ class SchedulerTwoPhaseUpdateMixin:
             logger.exception("prepare_weights_update failed")
             local = {"success": False, "message": str(e), "status_code": 500}
 
-        results = self._gather_rank_results(local)
+        results = gather_from_tp_ranks(self, local)
         failed = [r for r in results if not r["success"]]
         if failed:
             # Nothing has moved yet: the trainer broadcasts only after "ready".
@@ -282,7 +273,7 @@ class SchedulerTwoPhaseUpdateMixin:
             staging_reused=receiver.stats.staging_reused,
         )
         local["buckets"] = receiver.stats.buckets_received
-        results = self._gather_rank_results(local)
+        results = gather_from_tp_ranks(self, local)
         num_received = min(r["buckets"] for r in results)
         failed = [r for r in results if not r["success"] and not r.get("pending")]
         if not failed and any(r.get("pending") for r in results):
@@ -304,7 +295,7 @@ class SchedulerTwoPhaseUpdateMixin:
         session.verified = True
         # 2. A cache flush needs an idle scheduler: check before applying.
         if recv_req.flush_cache:
-            busy = self._gather_rank_results({"busy": not self.is_fully_idle()})
+            busy = gather_from_tp_ranks(self, {"busy": not self.is_fully_idle()})
             if any(r["busy"] for r in busy):
                 if recv_req.drain:
                     # New requests wait in the tokenizer manager; let the
@@ -361,7 +352,7 @@ class SchedulerTwoPhaseUpdateMixin:
                     "message": "applied, but the cache flush failed: cached "
                     "prefixes may still hold the old weights' KV; call /flush_cache",
                 }
-        results = self._gather_rank_results(local)
+        results = gather_from_tp_ranks(self, local)
         failed = [r for r in results if not r["success"]]
         applied = not failed or flushed is False
         self._end_two_phase_session(release=recv_req.release_staging)
@@ -449,7 +440,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 status_code=400,
             )
         usable = self._discard_two_phase_session(session)
-        results = self._gather_rank_results({"success": True, "usable": usable})
+        results = gather_from_tp_ranks(self, {"success": True, "usable": usable})
         usable = all(r["usable"] for r in results)
         message = "aborted; the served weights are unchanged"
         if not usable:

@@ -35,7 +35,10 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightsFromTensorReqInput,
     UpdateWeightsFromTensorReqOutput,
 )
-from sglang.srt.managers.weight_op_results import gather_rank_results
+from sglang.srt.managers.weight_op_results import (
+    gather_from_tp_ranks,
+    gather_rank_results,
+)
 from sglang.srt.managers.weight_update_health import (
     pause_watchdogs_during_weight_update,
 )
@@ -225,7 +228,7 @@ class SchedulerUpdateWeightsMixin:
             traceback.print_exc()
             local = {"success": False, "message": f"{e}"}
         # Every TP rank ran the action; answer for all of them.
-        rank_results = self._gather_rank_results(local)
+        rank_results = gather_from_tp_ranks(self, local)
         failed = [r for r in rank_results if not r["success"]]
         return CheckWeightsReqOutput(
             success=not failed,

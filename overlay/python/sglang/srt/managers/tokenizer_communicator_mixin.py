@@ -854,8 +854,9 @@ class TokenizerCommunicatorMixin:
     ) -> CheckWeightsReqOutput:
         self.auto_create_handle_loop()
         results = await self.check_weights_communicator(obj)
-        success, message = _Communicator.merge_results(results)
-        return success, message, rank_results_of(results)
+        return RankedResult(
+            _Communicator.merge_results(results), rank_results_of(results)
+        )
 
     async def slow_down(
         self: TokenizerManager,

@@ -1,16 +1,37 @@
-"""Per-rank results of admin weight operations.
+"""Per-rank results of operations that every TP rank of a scheduler runs.
 
-Every TP rank runs an admin weight operation (group init and destroy, the
-updates from disk, tensor, IPC or a distributed group), but only rank 0's
-outcome used to reach the caller: a failure on another rank was invisible.
-The scheduler now gathers every rank's (success, message); the answer keeps
-upstream's shape and adds `rank_results`.
+Every TP rank runs an admin weight operation, but only one rank's outcome
+used to reach the caller: a failure on another rank was invisible. On the
+scheduler side `gather_from_tp_ranks` collects every rank's result over the
+TP CPU group; on the tokenizer side `rank_results_of` collects them from the
+outputs and `RankedResult` carries them beside the tuple a method returns.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Dict, Iterable, List
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+
+def gather_from_tp_ranks(
+    scheduler: Scheduler, result: Dict[str, Any]
+) -> List[Dict[str, Any]]:
+    """Every TP rank's `result`, each with its `rank` (and `dp_rank` under
+    data parallelism), in rank order. A collective over the TP CPU group:
+    every rank must call it."""
+    result = {"rank": scheduler.tp_rank, **result}
+    if scheduler.server_args.dp_size > 1:
+        result["dp_rank"] = scheduler.dp_rank
+    if scheduler.tp_size == 1:
+        return [result]
+    gathered: List[Optional[Dict[str, Any]]] = [None] * scheduler.tp_size
+    torch.distributed.all_gather_object(gathered, result, group=scheduler.tp_cpu_group)
+    return gathered
 
 
 class RankedResult(tuple):
@@ -49,8 +70,8 @@ def gather_rank_results(handler):
     @functools.wraps(handler)
     def wrapper(self, recv_req):
         output = handler(self, recv_req)
-        results = self._gather_rank_results(
-            {"success": bool(output.success), "message": str(output.message)}
+        results = gather_from_tp_ranks(
+            self, {"success": bool(output.success), "message": str(output.message)}
         )
         failed = [r for r in results if not r["success"]]
         if failed and output.success:

@@ -1,34 +1,28 @@
 """What this build of SGLang supports for weight sync (`GET /rlsync_info`,
 and the `rlsync` block of `/server_info`), so a trainer checks support
-instead of probing endpoints."""
+instead of probing endpoints.
+
+The series number, the release it is made for and the features (one per
+patch of the series that adds one) are written into `_series.py` when the
+series is built into a tree: the wheel, or an applied checkout. A tree
+without it (the patches alone, e.g. on a review branch) reports no
+series and no features.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Dict
 
-# The rlsync patch series applied to this tree, and the release it is made for.
-SERIES = 6
-PIN = {"name": "sglang", "version": "0.5.10"}
-FEATURES = (
-    "watchdog_pause",  # 0001: blocking weight updates pause the watchdogs
-    "init_weights_update_group_timeout",  # 0002
-    "health_while_updating",  # 0003: bounded health-check bypass
-    "two_phase_weight_update",  # 0004: prepare / complete / abort
-    "weights_checksum",  # 0005: /weights_checker action "checksum"
-    "admin_api_key_env",  # 0006: SGLANG_ADMIN_API_KEY
-    "secret_redaction",  # 0006
-    "rlsync_info",  # 0006
-    "rank_results",  # 0007: admin weight operations answer every TP rank
-    "idle_scheduler_yields_to_receiver",  # 0008
-    "data_parallel_weight_update",  # 0010: every DP replica joins and applies
-    "update_group_on_route",  # 0011: bound to the route to the master
-)
+try:
+    from sglang.srt.weight_sync._series import FEATURES, PIN, SERIES
+except ImportError:
+    SERIES, PIN, FEATURES = None, None, ()
 
 
 def rlsync_info() -> Dict[str, Any]:
     return {
         "series": SERIES,
-        "version": f"{PIN['version']}+rlsync.{SERIES}",
-        "pin": dict(PIN),
+        "version": None if PIN is None else f"{PIN['version']}+rlsync.{SERIES}",
+        "pin": None if PIN is None else dict(PIN),
         "features": list(FEATURES),
     }

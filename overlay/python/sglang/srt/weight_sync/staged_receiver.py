@@ -6,7 +6,8 @@ moves, every bucket lands in one staging buffer (kept between updates, since a
 trainer syncs every step), and nothing touches the model until every bucket
 has arrived and matched its sender digest.
 
-Imports only torch, so the data path can be benchmarked without SGLang.
+Imports only torch (and the digest module beside it), so the data path can be
+benchmarked without SGLang.
 
 Staging layout: the tensors of a bucket are packed back to back in metadata
 order, as raw bytes; this is `FlattenedTensorBucket`'s layout, so a bucket is
@@ -28,8 +29,14 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 import torch
 import torch.distributed as dist
 
+from sglang.srt.weight_sync.digest import (
+    DIGEST_ALGORITHM,
+    MAX_DIGEST_BYTES,
+    PSUM_PRIME,
+    digest_bytes,
+)
+
 LOAD_FORMATS = (None, "flattened_bucket")
-DIGEST_ALGORITHM = "psum61"
 # How often a waiting receiver checks for an abort.
 _ABORT_POLL = timedelta(seconds=0.2)
 _DTYPES: Dict[str, torch.dtype] = {
@@ -168,126 +175,6 @@ def parse_buckets(
 
 
 # --- digest ---------------------------------------------------------------
-#
-# "psum61:<s1>:<s2>": the bucket's bytes, zero-padded to a multiple of 4, as
-# little-endian int32 words w_i; s1 = sum(w_i) and s2 = sum((i + 1) * w_i),
-# both mod the prime p = 2**61 - 1, as 16 lowercase hex digits each. Every
-# change confined to at most two words (a swap of two differing words too)
-# changes the digest: equal digests would need d_i + d_j = 0 and
-# (j - i) * d_j = 0 (mod p) with |d| < 2**32 < p and 0 < j - i < 2**36 < p.
-# An integrity check, not authentication. Exact int64 sums on any device
-# (CPU and CUDA agree bit for bit), buckets below 2**38 bytes. The code from
-# PSUM_PRIME to _psum_format is rlsync.digest's, verbatim (rlsync.digest's
-# docstring has the proof and the overflow bounds).
-
-PSUM_PRIME = (1 << 61) - 1
-MAX_DIGEST_BYTES = 1 << 38  # exclusive: fewer than 2**36 words
-_PSUM_COLS = 64
-# CPU only: rows widened from int32 to int64 at a time. 480 * 64 words are
-# below torch's 32768-element grain, so each op runs on the calling thread:
-# intra-op threads would add a fork-join per op, which costs more than it
-# saves here and stalls badly when other processes share the cores.
-_PSUM_BLOCK_ROWS = 480
-# (values, counts in S, base, step): see _psum_pieces
-PsumPiece = tuple[torch.Tensor, bool, int, int]
-
-
-def _psum_rows_cols(mat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact int64 row and column sums of an [R, 64] int32 or int64 matrix."""
-    if mat.dtype == torch.int64 or mat.device.type != "cpu" or mat.shape[0] < 64:
-        return mat.sum(1, dtype=torch.int64), mat.sum(0, dtype=torch.int64)
-    # torch's CPU sum of int32 into int64 runs at about 1 GB/s; widening a
-    # cache-sized block first and summing that is several times faster, and
-    # the bytes are still read from memory once.
-    starts = range(0, mat.shape[0], _PSUM_BLOCK_ROWS)
-    rows = torch.empty(mat.shape[0], dtype=torch.int64)
-    cols = torch.empty(len(starts), _PSUM_COLS, dtype=torch.int64)
-    block = torch.empty(
-        min(mat.shape[0], _PSUM_BLOCK_ROWS), _PSUM_COLS, dtype=torch.int64
-    )
-    for b, start in enumerate(starts):
-        part = mat[start : start + _PSUM_BLOCK_ROWS]
-        wide = block[: part.shape[0]]
-        wide.copy_(part)
-        torch.sum(wide, 1, out=rows[start : start + part.shape[0]])
-        torch.sum(wide, 0, out=cols[b])
-    return rows, cols.sum(0)
-
-
-def _psum_pieces(data: torch.Tensor) -> tuple[list[PsumPiece], torch.Tensor]:
-    """Partial sums of 1-D uint8 bytes, still on their device: pieces
-    (values, counts_in_S, base, step) such that, over the int32 words w_i,
-    S = sum(w_i) = sum of the values of the pieces that count in S and
-    T = sum(i * w_i) = sum over pieces of sum_k (base + step * k) * values[k];
-    plus the trailing 0-3 bytes (the last word, zero-padded).
-
-    With the words as an [R, 64] matrix (i = 64 r + c) and tail words m.. apart,
-    T = 64 * sum(r * rowsum_r) + sum(c * colsum_c) + sum(i * w_i for the tail):
-    the row sums are a vector 64 times shorter, treated the same way until
-    fewer than 64 remain. Level k's entries are sums of 64**k words; rows
-    are formed only from 64 or more entries, so with fewer than 2**36 words
-    there are at most 5 levels (row sums of at most 64**5 = 2**30 words), and
-    a column sum adds at most N / 64 < 2**30 words' worth: every value is a
-    sum of at most 2**30 words, |value| <= 2**61 < 2**63."""
-    n = data.numel()
-    if n >= MAX_DIGEST_BYTES:
-        raise ValueError(
-            f"{DIGEST_ALGORITHM} digests cover buckets below {MAX_DIGEST_BYTES} "
-            f"bytes (256 GiB); this one has {n}"
-        )
-    if data.storage_offset() % 4:
-        data = data.clone()  # int32 views need 4-byte aligned bytes
-    whole = n - n % 4
-    words = data[:whole].view(torch.int32)
-    pieces: list[PsumPiece] = []
-    step = 1
-    while words.numel() >= _PSUM_COLS:
-        m = words.numel() - words.numel() % _PSUM_COLS
-        rows, cols = _psum_rows_cols(words[:m].view(-1, _PSUM_COLS))
-        pieces.append((cols, step == 1, 0, step))
-        if m < words.numel():
-            pieces.append((words[m:], step == 1, m * step, step))
-        words, step = rows, step * _PSUM_COLS
-    if words.numel():
-        pieces.append((words, step == 1, 0, step))
-    return pieces, data[whole:]
-
-
-def psum_totals(parts: list[torch.Tensor]) -> list[tuple[int, int, int]]:
-    """Exact (S, T, N) of each 1-D uint8 part: S = sum(w_i) and
-    T = sum(i * w_i) over its N int32 words (i from 0, the last word
-    zero-padded). One device-to-host copy for all parts together."""
-    plans = [_psum_pieces(part) for part in parts]
-    tensors: list[torch.Tensor] = []
-    for pieces, tail in plans:
-        tensors += [piece[0] for piece in pieces] + [tail]
-    values = torch.cat(tensors).tolist()
-    totals: list[tuple[int, int, int]] = []
-    at = 0
-    for part, (pieces, tail) in zip(parts, plans):
-        s = t = 0
-        for v, counts_in_s, base, step in pieces:
-            chunk = values[at : at + v.numel()]
-            at += v.numel()
-            total = sum(chunk)
-            t += base * total + step * sum(k * x for k, x in enumerate(chunk))
-            if counts_in_s:
-                s += total
-        words = part.numel() // 4
-        if tail.numel():
-            raw = bytes(values[at : at + tail.numel()]).ljust(4, b"\0")
-            at += tail.numel()
-            last = int.from_bytes(raw, "little", signed=True)
-            s, t, words = s + last, t + words * last, words + 1
-        totals.append((s, t, words))
-    return totals
-
-
-def _psum_format(s: int, t: int) -> str:
-    """The digest string of S = sum(w_i), T = sum(i * w_i)."""
-    s1, s2 = s % PSUM_PRIME, (t + s) % PSUM_PRIME
-    return f"{DIGEST_ALGORITHM}:{s1:016x}:{s2:016x}"
-
 
 _DIGEST_RE = re.compile(rf"{DIGEST_ALGORITHM}:([0-9a-f]{{16}}):([0-9a-f]{{16}})")
 
@@ -313,13 +200,6 @@ def check_digest_format(digest: Any, where: str, nbytes: Optional[int] = None) -
             f"{where}: {DIGEST_ALGORITHM} digests cover buckets below "
             f"{MAX_DIGEST_BYTES} bytes (256 GiB); this bucket has {nbytes}"
         )
-
-
-def bucket_digest(data: torch.Tensor) -> str:
-    """Digest of a contiguous uint8 tensor (any device)."""
-    assert data.dtype == torch.uint8 and data.dim() == 1
-    s, t, _ = psum_totals([data])[0]
-    return _psum_format(s, t)
 
 
 # --- staging --------------------------------------------------------------
@@ -455,7 +335,7 @@ class StagedWeightReceiver:
     def _check_digest(self, bucket: BucketSpec) -> None:
         if bucket.digest is None:
             return
-        got = bucket_digest(self.bucket_bytes(bucket.index))
+        got = digest_bytes(self.bucket_bytes(bucket.index))
         if got != bucket.digest:
             self.digest_errors.append(
                 f"bucket {bucket.index} ({bucket.tensors[0].name}, ...): digest "
