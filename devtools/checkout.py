@@ -317,7 +317,7 @@ def _git_bytes(repo: Path, *args: str) -> bytes | None:
 
 
 def _merge(
-    rel: str, ours: bytes | None, base: bytes | None, theirs: bytes | None
+    ours: bytes | None, base: bytes | None, theirs: bytes | None
 ) -> tuple[bytes | None, bool]:
     """git merge-file of one file: (result, clean)."""
     if ours == base or ours == theirs:
@@ -362,7 +362,7 @@ def _three_way(
     merged: Contents = {}
     conflicts = []
     for rel in current:
-        merged[rel], clean = _merge(rel, current[rel], base[rel], other[rel])
+        merged[rel], clean = _merge(current[rel], base[rel], other[rel])
         if not clean:
             conflicts.append(rel)
     if conflicts:
