@@ -2,19 +2,92 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import itertools
 import re
+import warnings
 from pathlib import Path
 
 import pytest
 
 from harness import cpu_sglang
 from harness.tiny_model import make_tiny_model
+from rlsync import client
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build"
 LOGS = BUILD / "logs"
 _counter = itertools.count()
+
+
+# --- markers: `make test-fast` runs the tests with neither `server` nor `build`
+
+# Fixtures that start a real SGLang server; a test that uses one, directly or
+# through another fixture, is marked `server`.
+SERVER_FIXTURES = {"server_tp1", "server_tp2", "start_server"}
+# Code that starts a server itself: a fixture, a test, or a helper of a test
+# module whose source matches makes those tests `server` tests.
+STARTS_A_SERVER = re.compile(
+    r"\blaunch\(|cpu_sglang\.launch\b|\b_start\(|sglang\.launch_server"
+    r"|sglang\.Engine\b|harness\.(demo|soak|engine_two_phase)\b"
+)
+
+
+# A test whose source matches builds the wheels (`make wheel`, in this tree) or
+# a fresh virtual environment: marked `build`, as slow as a server test.
+BUILDS = re.compile(r'"wheel"|\bfresh_venv\(|"-m", "venv"')
+
+
+def _source_matches(pattern: re.Pattern, obj) -> bool:
+    try:
+        return bool(pattern.search(inspect.getsource(obj)))
+    except (OSError, TypeError):
+        return False
+
+
+def _starts_a_server(obj) -> bool:
+    return _source_matches(STARTS_A_SERVER, obj)
+
+
+@functools.cache
+def _module_helpers_start_servers(module) -> bool:
+    """A module whose plain functions (neither tests nor fixtures) start a
+    server: every test in it may, through them."""
+    return any(
+        _starts_a_server(obj)
+        for name, obj in vars(module).items()
+        if inspect.isfunction(obj)
+        and obj.__module__ == module.__name__
+        and not name.startswith("test")
+    )
+
+
+def _needs_a_server(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    for name in item.fixturenames:
+        if name in SERVER_FIXTURES:
+            return True
+        for fixturedef in info.name2fixturedefs.get(name, ()) if info else ():
+            if fixturedef.baseid != "" and _starts_a_server(fixturedef.func):
+                return True
+    function = getattr(item, "function", None)
+    module = getattr(item, "module", None)
+    return (function is not None and _starts_a_server(function)) or (
+        module is not None and _module_helpers_start_servers(module)
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _needs_a_server(item):
+            item.add_marker(pytest.mark.server)
+        function = getattr(item, "function", None)
+        if function is not None and _source_matches(BUILDS, function):
+            item.add_marker(pytest.mark.build)
+
+
+# --- fixtures ----------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -35,9 +108,14 @@ def _start(request, tiny_model, tp, pristine, extra_args, env=None, name=None, *
     flavour = "pristine" if pristine else "patched"
     log = LOGS / f"{tag}-{flavour}-tp{tp}-{next(_counter)}.log"
     return cpu_sglang.launch(
-        tiny_model, log, tp=tp, pristine=pristine, extra_args=extra_args,
-        env_overrides=env, **kw,
-    )  # fmt: skip
+        tiny_model,
+        log,
+        tp=tp,
+        pristine=pristine,
+        extra_args=extra_args,
+        env_overrides=env,
+        **kw,
+    )
 
 
 @pytest.fixture
@@ -70,6 +148,8 @@ def _session_server(request, tiny_model, tp):
         request, tiny_model, tp, False, SESSION_ARGS, name=f"session-tp{tp}"
     )
     request.addfinalizer(server.stop)
+    # What shared_server_guard compares against after each test.
+    _BASELINE[server.url] = _checksum(server)
     return server
 
 
@@ -84,6 +164,82 @@ def server_tp2(request, tiny_model):
     return _session_server(request, tiny_model, 2)
 
 
+SHARED_SERVERS = ("server_tp1", "server_tp2")
+# The checksum each shared server had when it started, by URL.
+_BASELINE: dict[str, str] = {}
+# An update group no test uses: an abort for it names the open session's group.
+_PROBE_GROUP = "shared-server-guard-probe"
+
+
+def _checksum(server: cpu_sglang.Server) -> str:
+    return client.weights_checksum(server.url, timeout=60)["checksum"]
+
+
+def _abort_open_session(server: cpu_sglang.Server) -> str | None:
+    """Abort the weight update session left open on `server`, if any; the
+    name of its group, or None when none was open. The shared servers have no
+    admin key: none is sent."""
+    try:
+        client.abort_weights_update(server.url, group_name=_PROBE_GROUP, timeout=60)
+    except client.EngineError as e:
+        if e.status == 409:  # "no weight update session is open"
+            return None
+        found = re.search(r"the open session is for group '(.*)', not", e.message)
+        if e.status != 400 or not found:
+            raise
+        group = found.group(1)
+        client.abort_weights_update(server.url, group_name=group, timeout=60)
+        return group
+    raise AssertionError(f"an abort for {_PROBE_GROUP!r} succeeded on {server.url}")
+
+
+def _repair(server: cpu_sglang.Server, tiny_model: Path) -> list[str]:
+    """Put a shared server back as the suite expects it; what was wrong."""
+    if not server.alive():
+        return [f"{server.url} is no longer running (log: {server.log_path})"]
+    problems = []
+    group = _abort_open_session(server)
+    if group is not None:
+        problems.append(f"a weight update session for group {group!r} was open")
+    if _checksum(server) != _BASELINE[server.url]:
+        problems.append("its weights were not the checkpoint's")
+        client.update_weights_from_disk(server.url, str(tiny_model), timeout=120)
+        if _checksum(server) != _BASELINE[server.url]:
+            problems.append("reloading the checkpoint did not restore its checksum")
+    return [f"{server.url}: {p}" for p in problems]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on the item, for shared_server_guard."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
+@pytest.fixture(autouse=True)
+def shared_server_guard(request):
+    """After a test that used a shared server: abort any weight update session
+    it left open and reload the checkpoint if the served weights changed, so
+    one failing test does not fail the tests after it. A test that passed but
+    left such a mess errors in its teardown, naming what was repaired."""
+    yield
+    used = [name for name in SHARED_SERVERS if name in request.fixturenames]
+    problems = []
+    for name in used:
+        server = request.getfixturevalue(name)
+        problems += _repair(server, request.getfixturevalue("tiny_model"))
+    call = getattr(request.node, "rep_call", None)
+    if problems and call is not None and call.passed:
+        pytest.fail(
+            "the test left a shared server changed (repaired for the next "
+            "tests): " + "; ".join(problems),
+            pytrace=False,
+        )
+    if problems:  # the test's own failure is the report; say what was repaired
+        warnings.warn(f"shared_server_guard repaired: {'; '.join(problems)}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_process_left_behind():
     """Every server (scheduler, detokenizer, TP ranks) is gone after the run."""
@@ -91,10 +247,12 @@ def no_process_left_behind():
 
     yield
     left = [
-        p for p in psutil.Process().children(recursive=True)
-        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+        p
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running()
+        and p.status() != psutil.STATUS_ZOMBIE
         and "sglang" in " ".join(p.cmdline())
-    ]  # fmt: skip
+    ]
     for p in left:
         p.kill()
     assert not left, f"processes left behind: {[p.cmdline() for p in left]}"
