@@ -24,6 +24,7 @@ import requests
 
 from harness import cpu_sglang, netns
 from harness.cpu_sglang import free_port
+from harness.router import RouterProc
 from rlsync import client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,6 +34,20 @@ TIMEOUT = 10  # the trainer's and the engines' group timeout, seconds
 
 why_not = netns.available()
 pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
+
+
+def wait_until(predicate, timeout: float, what: str):
+    """predicate()'s first true value, polled; AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            value = predicate()
+        except requests.RequestException:
+            value = None
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
 
 
 def plain_env(**extra: str) -> dict[str, str]:
@@ -254,42 +269,24 @@ def test_an_unreachable_master_fails_within_the_timeout(engines, hosts):
 
 @pytest.fixture(scope="module")
 def router(net, engines):
-    port = free_port()
-    log = open(LOGS / "multi-host-router.log", "w")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rlsync.cli",
-            "router",
-            engines["e1"].url,
-            engines["e2"].url,
-            "--host",
-            net.address,
-            "--port",
-            str(port),
-            "--health-interval",
-            "1",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=ROOT,
+    proc = RouterProc(
+        [engines["e1"].url, engines["e2"].url],
+        "--health-interval",
+        "1",
+        host=net.address,
         env=plain_env(PYTHONPATH=str(ROOT / "python")),
+        log_name="multi-host-router",
+        ready_timeout=60,
     )
-    url = f"http://{net.address}:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if requests.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except requests.RequestException:
-            pass
-        assert proc.poll() is None, "the router exited"
-        assert time.monotonic() < deadline, "the router did not start"
-        time.sleep(0.2)
-    yield url
-    proc.terminate()
-    proc.wait(30)
+    try:
+        wait_until(
+            lambda: requests.get(proc.url + "/health", timeout=5).status_code == 200,
+            60,
+            "the router's /health to answer 200",
+        )
+        yield proc.url
+    finally:
+        proc.stop()
 
 
 def test_sync_through_the_router_on_a_third_address(router, engines, hosts, tiny_model):
@@ -379,11 +376,9 @@ def test_an_engine_host_that_disappears_mid_sync(
         trainer.close()
     assert checksum(e1) == before
     generate(e1)
-    deadline = time.monotonic() + 60
-    while True:
+
+    def lost_one_is_dead() -> bool:
         workers = requests.get(router + "/workers", timeout=10).json()["workers"]
-        state = {w["url"]: w for w in workers}
-        if state[engines["e2"].url]["dead"]:
-            break
-        assert time.monotonic() < deadline, state
-        time.sleep(0.2)
+        return {w["url"]: w["dead"] for w in workers}[engines["e2"].url]
+
+    wait_until(lost_one_is_dead, 60, "the router to mark the lost engine dead")
