@@ -18,6 +18,10 @@ def _admin_key(args: argparse.Namespace) -> str | None:
     return args.admin_key or os.environ.get("SGLANG_ADMIN_API_KEY") or None
 
 
+def _api_key(args: argparse.Namespace) -> str | None:
+    return args.api_key or os.environ.get("SGLANG_API_KEY") or None
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """One line per engine: health, weight version, weight operations in
     flight. Exit 1 when any engine is unhealthy or unreachable."""
@@ -27,7 +31,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     for url in args.urls:
         code, body = client.health_detail(url, timeout=args.timeout)
         try:
-            version = client.get_weight_version(url, timeout=args.timeout)
+            version = client.get_weight_version(
+                url, timeout=args.timeout, api_key=_api_key(args)
+            )
         except client.EngineError as e:
             version = f"? ({e.message})"
         in_flight = body.strip() if code == 200 and body.strip() else "-"
@@ -93,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("urls", nargs="+", metavar="URL")
     p.add_argument("--timeout", type=float, default=10.0)
+    p.add_argument(
+        "--api-key", help="the engines' --api-key (default: $SGLANG_API_KEY)"
+    )
     p.set_defaults(fn=cmd_status)
     p = sub.add_parser("sync-disk", help="reload a checkpoint on every engine at once")
     p.add_argument(
