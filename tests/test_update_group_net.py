@@ -70,7 +70,10 @@ def test_waiting_for_a_master_that_never_listens_ends_at_the_deadline():
         t0 = time.monotonic()
         with pytest.raises(TimeoutError, match=f"at 127.0.0.1:{port} before"):
             net.wait_for_master("127.0.0.1", port, t0 + 1.0)
-        assert time.monotonic() - t0 < 3.0
+        waited = time.monotonic() - t0
+        # Not before the deadline; after it only by what a loaded host adds
+        # (a wait that ignored it would go on until the test's own timeout).
+        assert 1.0 <= waited < 1.0 + 10, waited
 
 
 def test_a_failed_init_says_where_each_side_was(monkeypatch):
@@ -126,7 +129,8 @@ def test_the_whole_init_is_bounded_by_its_timeout():
                 timeout=1.5,
                 hosts_rendezvous=False,
             )
-        assert time.monotonic() - t0 < 3.5
+        waited = time.monotonic() - t0
+        assert 1.5 <= waited < 1.5 + 10, waited
 
 
 def test_the_trainer_carries_the_servers_module_unchanged():
