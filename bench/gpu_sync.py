@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import importlib.util
 import json
 import os
@@ -54,6 +55,11 @@ med = statistics.median
 
 
 def load_receiver_module():
+    """The server's receiver, loaded by path (no SGLang on the GPU machine);
+    its digest import is the trainer's generated copy of the same module."""
+    sys.modules.setdefault(
+        "sglang.srt.weight_sync.digest", importlib.import_module("rlsync.digest")
+    )
     spec = importlib.util.spec_from_file_location("staged_receiver", RECEIVER)
     module = importlib.util.module_from_spec(spec)
     sys.modules["staged_receiver"] = module

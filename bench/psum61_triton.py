@@ -1,7 +1,7 @@
 """The psum61 bucket digest as one fused Triton pass over the bytes.
 
 Gives exactly the string of `rlsync.digest.digest_bytes` (and of the server's
-`staged_receiver.bucket_digest`): the bytes, zero-padded to a multiple of 4,
+`sglang.srt.weight_sync.digest.digest_bytes`): the bytes, zero-padded to a multiple of 4,
 are little-endian int32 words w_0 .. w_{N-1} and, with p = 2**61 - 1,
 
     s1 = sum(w_i) mod p,    s2 = sum((i + 1) * w_i) mod p = (T + S) mod p
