@@ -9,6 +9,7 @@ import os
 import threading
 import time
 
+import psutil
 import pytest
 import requests
 import torch
@@ -41,6 +42,16 @@ def sampled(url: str) -> dict[str, list]:
 
 def post(url: str, endpoint: str, payload: dict) -> requests.Response:
     return requests.post(url + endpoint, json=payload, timeout=60)
+
+
+def wait_until(condition, timeout: float) -> bool:
+    """Polls `condition` until it holds (True) or `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 @pytest.fixture
@@ -155,16 +166,15 @@ def test_serving_continues_during_the_transfer(server_tp1, trainer_tp1, model_we
 
     thread = threading.Thread(target=stream)
     thread.start()
-    deadline = time.monotonic() + 30
-    while len(tokens_at) < 3 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert len(tokens_at) >= 3, "stream did not start"
-    window: dict[str, float] = {}
+    assert wait_until(lambda: len(tokens_at) >= 3, 60), "stream did not start"
+    during: list[int] = []
 
-    def hold(i):  # the trainer holds between buckets: a window mid-transfer
-        window.setdefault("start", time.monotonic())
-        time.sleep(0.4)
-        window["end"] = time.monotonic()
+    def hold(i):  # after the first bucket the trainer waits for 5 more tokens
+        if i == 0:
+            start = len(tokens_at)
+            more = lambda: len(tokens_at) >= start + 5 or not thread.is_alive()
+            wait_until(more, 60)
+            during.append(len(tokens_at) - start)
 
     new = randomized(model_weights, seed=3)
     (result,) = update_two_phase(
@@ -173,33 +183,35 @@ def test_serving_continues_during_the_transfer(server_tp1, trainer_tp1, model_we
     thread.join(120)
     assert result.success
     assert not errors, errors
-    during = [t for t in tokens_at if window["start"] <= t <= window["end"]]
-    assert len(during) >= 5, f"only {len(during)} tokens while the transfer was open"
+    assert during[0] >= 5, f"only {during[0]} tokens while the transfer was open"
     assert last["completion_tokens"] == 300
     assert last["finish_reason"]["type"] == "length"
     update_two_phase(trainer_tp1, model_weights)
 
 
-def scheduler_cpu_seconds(server, seconds: float) -> float:
-    """CPU time the scheduler process spends over a window of `seconds`."""
+def scheduler_blocked_share(server, polls: int = 50) -> float:
+    """The share of `polls` that find the scheduler's main thread blocked in
+    the kernel (state S) rather than running or waiting for a core (R): a
+    busy loop reads R however loaded the host is."""
     (sched,) = server.schedulers()
-    before = sched.cpu_times()
-    time.sleep(seconds)  # the measured window, not a synchronisation
-    after = sched.cpu_times()
-    return (after.user + after.system) - (before.user + before.system)
+    blocked = 0
+    for _ in range(polls):
+        blocked += sched.status() == psutil.STATUS_SLEEPING
+        time.sleep(0.01)  # between polls
+    return blocked / polls
 
 
 def test_idle_scheduler_yields_to_a_receive(start_server, model_weights):
     # Upstream's default: an idle scheduler polls its sockets in a busy loop.
     server = start_server(sleep_on_idle=False)
-    spinning = scheduler_cpu_seconds(server, 1.0)
-    assert spinning > 0.5, f"control: the idle scheduler used only {spinning:.2f}s"
+    spinning = scheduler_blocked_share(server)
+    assert spinning <= 0.25, f"control: the idle scheduler blocked in {spinning:.0%}"
     trainer = GlooTrainer([server.url], [1], group_name=f"yield_{free_port()}")
     during: dict = {}
 
     def hold(i: int) -> None:  # the receiver waits for bytes meanwhile
         if i == 0:
-            during["cpu"] = scheduler_cpu_seconds(server, 1.0)
+            during["blocked"] = scheduler_blocked_share(server)
             # The scheduler still wakes for a request while it waits.
             during["greedy"] = greedy(server.url)
 
@@ -211,9 +223,9 @@ def test_idle_scheduler_yields_to_a_receive(start_server, model_weights):
             between_buckets=hold,
         )
         assert result.success, result.message
-        assert during["cpu"] < 0.25 * spinning, (
-            f"the idle scheduler used {during['cpu']:.2f}s of CPU in 1s while a "
-            f"receive ran ({spinning:.2f}s without one)"
+        assert during["blocked"] >= 0.75, (
+            f"the idle scheduler blocked in {during['blocked']:.0%} of polls while "
+            f"a receive ran ({spinning:.0%} without one)"
         )
         assert len(during["greedy"]) == 12
     finally:
@@ -430,9 +442,8 @@ def test_trainer_killed_mid_transfer(server_tp1, model_weights):
     proc.join(60)
     init.join(60)
     assert proc.exitcode == 17
-    t0 = time.monotonic()
+    # Answered within post's 60 s: complete's own 20 s, not the group's 120 s.
     resp = post(url, "/complete_weights_update", {"group_name": group, "timeout": 20})
-    assert time.monotonic() - t0 < 25
     body = resp.json()
     assert resp.status_code == 400 and not body["success"], body
     assert body["num_buckets_received"] < len(buckets)
@@ -452,9 +463,9 @@ def test_abort_while_waiting_for_bytes_that_never_come(server_tp1, model_weights
     trainer = GlooTrainer([url], [1], group_name=f"abort_{free_port()}")
     meta = [b.meta() for b in plan_buckets(model_weights, 64 << 10)]
     client.prepare_weights_update(url, meta, group_name=trainer.group_name)
-    t0 = time.monotonic()
-    body = client.abort_weights_update(url, group_name=trainer.group_name)
-    assert time.monotonic() - t0 < 5
+    # An abort that waited for the bytes would wait out the group's 120 s
+    # timeout: the call's own 60 s ends first and raises.
+    body = client.abort_weights_update(url, group_name=trainer.group_name, timeout=60)
     assert body.success and body.group_usable is False
     assert "call /init_weights_update_group again" in body.message
     assert greedy(url) == before
@@ -516,16 +527,14 @@ def test_complete_waiting_for_bytes_does_not_hold_serving_and_times_out_open(
     )
     results: list = []
     waiting.start()
-    t0 = time.monotonic()
     out = requests.post(
         url + "/generate",
         json={"text": "x", "sampling_params": {"max_new_tokens": 4}},
         timeout=30,
     )
-    assert (
-        out.status_code == 200 and time.monotonic() - t0 < 2.0
-    ), "generation held by complete"
-    assert waiting.is_alive(), "complete should still be waiting for the rest"
+    assert out.status_code == 200, out.text
+    # Answered while complete still waits (its 4 s timeout ends it, not bytes).
+    assert waiting.is_alive() and not results, "generation held by complete"
     waiting.join(30)
     body = results[0].json()
     assert results[0].status_code == 400
