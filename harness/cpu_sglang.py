@@ -7,6 +7,7 @@ kernel library load, and every process is upstream code (patched or pristine).
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -76,8 +77,31 @@ def build_stub_libcuda(python: str = sys.executable) -> Path:
     return out_dir
 
 
+def _ephemeral_ports() -> range:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return range(int(low), int(high) + 1)
+    except (OSError, ValueError):
+        return range(32768, 61000)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing is bound to now, picked at random below the kernel's
+    ephemeral range: the outgoing connections of every process (to servers,
+    gloo stores) take their ports from that range, so they cannot take this
+    one between its pick and its bind. Another free_port() caller still can:
+    whoever binds it retries on "address already in use" (launch, RouterProc)."""
+    below = _ephemeral_ports().start
+    rng = random.SystemRandom()
+    for _ in range(100 if below > 11000 else 0):
+        port = rng.randrange(10000, below)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # the low range is crowded: any free port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -143,8 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         before_sum = [client.weights_checksum(u)["checksum"] for u in urls]
         for t in threads:
             t.start()
+        deadline = time.monotonic() + 120  # the stream flows before the first sync
         while len(line.tokens) < 5 and not line.errors:
-            time.sleep(0.05)  # the stream is flowing before the first sync
+            if time.monotonic() > deadline:
+                raise TimeoutError("the streams gave no tokens within 120 s")
+            time.sleep(0.05)  # between polls
         plan = [
             ("step-1", randomized(original, 1)),
             ("step-2", randomized(original, 2)),
