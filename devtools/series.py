@@ -179,6 +179,10 @@ def lint_patch(patch: Path) -> list[str]:
         problems.append(f"{patch.name}: the message needs a body saying what and why")
     if not re.search(r"^Forwarded: \S", body, re.M):
         problems.append(f"{patch.name}: the message needs a 'Forwarded: no|<PR>' line")
+    if re.search(r"^# Conflicts:$", body, re.M):
+        problems.append(
+            f"{patch.name}: the message keeps git's '# Conflicts:' note; delete it"
+        )
     headers = _DIFF_HEADER.findall(text)
     files = [b for _, b in headers]
     for name in sorted({f for f in files if files.count(f) > 1}):

@@ -134,6 +134,17 @@ def test_patch_lint_requires_forwarded_line_and_full_index(scratch):
     assert any("abbreviated index" in p for p in problems)
 
 
+def test_patch_lint_refuses_a_left_over_conflict_note(scratch):
+    """A commit amended after a conflicted rebase keeps git's note in its
+    message; it must not reach an upstream reviewer."""
+    patch = scratch.patches()[-1]
+    text = patch.read_text().replace(
+        "\nForwarded: ", "\n# Conflicts:\n#\tpython/sglang/x.py\n\nForwarded: ", 1
+    )
+    patch.write_text(text)
+    assert any("# Conflicts:" in p for p in series.lint_patch(patch))
+
+
 def test_overlay_regenerates_byte_identical(scratch):
     before = {
         p: (scratch.overlay_dir / p).read_bytes() for p in series.overlay_files(scratch)
