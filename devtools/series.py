@@ -621,11 +621,16 @@ def make_worktree(layout: Layout) -> Path:
     shutil.copytree(pristine / "python", work / "python")
     git(work, "add", "--all", "--force", "python")
     pin = layout.pin()
+    message = f"{pin.name} {pin.version} (pristine sdist {pin.sha256[:12]})"
     git(
-        work, "commit", "--quiet", "--no-verify", "-m",
-        f"{pin.name} {pin.version} (pristine sdist {pin.sha256[:12]})",
+        work,
+        "commit",
+        "--quiet",
+        "--no-verify",
+        "-m",
+        message,
         env={**IDENTITY, **dates},
-    )  # fmt: skip
+    )
     git(work, "tag", "upstream")
     # Generated, never committed: a tree to run servers from
     # (RLSYNC_SGLANG_TREE=build/work/python) needs them.
@@ -635,12 +640,18 @@ def make_worktree(layout: Layout) -> Path:
     )
     patches = layout.patches()
     if patches:
-        git(
-            work, "am", "--quiet", "--keep-cr", "--committer-date-is-author-date",
-            *map(str, patches), env=IDENTITY,
-        )  # fmt: skip
+        am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date"]
+        git(work, *am, *map(str, patches), env=IDENTITY)
     write_generated(layout, work)
     return work
+
+
+# Deterministic: an unchanged series exports byte-identical files.
+FORMAT_PATCH = (
+    *("format-patch", "--quiet", "--zero-commit", "--full-index", "--no-signature"),
+    *("--no-numbered", "--no-stat", "--no-renames", "--no-binary"),
+    "--diff-algorithm=myers",
+)
 
 
 def export_patches(layout: Layout) -> list[Path]:
@@ -652,12 +663,7 @@ def export_patches(layout: Layout) -> list[Path]:
     if dirty:
         raise SeriesError(f"{work}: uncommitted changes; commit them first:\n{dirty}")
     with tempfile.TemporaryDirectory() as tmp:
-        git(
-            work, "format-patch", "--quiet", "--zero-commit", "--full-index",
-            "--no-signature", "--no-numbered", "--no-stat", "--no-renames",
-            "--no-binary", "--diff-algorithm=myers", "--output-directory", tmp,
-            "upstream..HEAD",
-        )  # fmt: skip
+        git(work, *FORMAT_PATCH, "--output-directory", tmp, "upstream..HEAD")
         exported = sorted(Path(tmp).glob("*.patch"))
         for path in exported:
             text = re.sub(

@@ -1,4 +1,4 @@
-"""Disk sync (seed 002): the SGLang adapter against the real server, the
+"""Disk sync on every engine at once: the SGLang adapter against the real server, the
 parallel orchestration with a failing engine, the CLI, and the requests the
 vLLM adapter sends (no vLLM here: checked against its documented API)."""
 

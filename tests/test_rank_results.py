@@ -27,9 +27,9 @@ def assert_two_ranks(body: dict, success: bool = True) -> None:
 
 def test_group_update_destroy_and_disk_answer_every_rank(server_tp2, tiny_model):
     url, group, port = server_tp2.url, f"ranks_{free_port()}", free_port()
-    init = pool.submit(post, url, "/init_weights_update_group", dict(
-        master_address="127.0.0.1", master_port=port, rank_offset=1, world_size=3,
-        group_name=group, backend="gloo"))  # fmt: skip
+    init_body = dict(master_address="127.0.0.1", master_port=port, rank_offset=1)
+    init_body.update(world_size=3, group_name=group, backend="gloo")
+    init = pool.submit(post, url, "/init_weights_update_group", init_body)
     pg = join_update_group("127.0.0.1", port, 3, group_name=group, timeout=60)
     resp = init.result()
     assert resp.status_code == 200 and resp.json()["success"]
@@ -38,9 +38,9 @@ def test_group_update_destroy_and_disk_answer_every_rank(server_tp2, tiny_model)
     name = "model.norm.weight"
     original = torch.tensor(client.get_weights_by_name(url, name, truncate_size=10**6))
     value = original.to(torch.bfloat16)
-    update = pool.submit(post, url, "/update_weights_from_distributed", dict(
-        names=[name], dtypes=["bfloat16"], shapes=[list(value.shape)],
-        group_name=group))  # fmt: skip
+    update_body = dict(names=[name], dtypes=["bfloat16"], shapes=[list(value.shape)])
+    update_body.update(group_name=group)
+    update = pool.submit(post, url, "/update_weights_from_distributed", update_body)
     dist.broadcast(value, src=0, group=pg)
     resp = update.result()
     assert resp.status_code == 200, resp.text
@@ -57,9 +57,9 @@ def test_group_update_destroy_and_disk_answer_every_rank(server_tp2, tiny_model)
 
 
 def test_failed_group_init_reports_both_ranks(server_tp2):
-    resp = post(server_tp2.url, "/init_weights_update_group", dict(
-        master_address="127.0.0.1", master_port=free_port(), rank_offset=1,
-        world_size=3, group_name="nobody", backend="gloo", timeout=3))  # fmt: skip
+    body = dict(master_address="127.0.0.1", master_port=free_port(), rank_offset=1)
+    body.update(world_size=3, group_name="nobody", backend="gloo", timeout=3)
+    resp = post(server_tp2.url, "/init_weights_update_group", body)
     assert resp.status_code == 400
     body = resp.json()
     assert not body["success"]
