@@ -2,12 +2,14 @@
 
 In one run on one GPU:
 
-  correctness   the fused Triton digest (bench/psum61_triton.py) against
-                rlsync.digest for random buckets of many sizes (0 B .. 1 GiB,
+  correctness   the digest module's fused Triton path (what the receiver
+                and WeightSender run on CUDA) against its torch path
+                for random buckets of many sizes (0 B .. 1 GiB,
                 odd byte counts, chunk boundaries, unaligned views, extreme
                 words), a flipped byte, and digest_tensors' layout
-  speed         1 GiB bucket: GB/s of the Triton digest, of today's torch
-                digest (rlsync.digest.digest_bytes) and of a plain int64 sum
+  speed         1 GiB bucket: GB/s of the receiver's digest (digest_bytes,
+                fused), of the sender's (digest_tensors over 64 tensors),
+                of the torch path and of a plain int64 sum
                 of the same bytes; median after warm-up of single calls timed
                 with CUDA events and with the wall clock, and of kernels
                 launched back to back (GPU throughput without host gaps)
@@ -46,15 +48,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-import psum61_triton  # noqa: E402
-from psum61_triton import psum61_digest_cuda, psum61_partials  # noqa: E402
-
+from rlsync import digest as lib  # noqa: E402
 from rlsync.digest import digest_bytes, digest_tensors  # noqa: E402
 
 GIB = 1 << 30
 # Llama-7B MLP: hidden 4096, intermediate 11008.
 HIDDEN, INTER = 4096, 11008
-CHUNK_BYTES = 4 * psum61_triton.CHUNK_WORDS
+CHUNK_BYTES = 4 * lib.CHUNK_WORDS
 SMALL = [*range(9), 63, 64, 65, 1023, 4097, 8193, 10**6 + 3, (1 << 24) + 1]
 AROUND_CHUNKS = [CHUNK_BYTES + d for d in (-1, 0, 1, 3)] + [3 * CHUNK_BYTES + 2]
 SIZES = SMALL + AROUND_CHUNKS + [123_456_789, GIB - 1, GIB, GIB + 3]
@@ -130,10 +130,34 @@ def pattern_bytes(pattern: bytes, n: int) -> torch.Tensor:
     return unit.repeat(n // len(pattern) + 1)[:n].contiguous()
 
 
+def psum61_partials(data: torch.Tensor, **config: int) -> torch.Tensor:
+    """The fused kernel's four counters, still on the GPU (no host sync)."""
+    out = torch.zeros(4, dtype=torch.int64, device=data.device)
+    lib.fused_partials(data, out, **config)
+    return out
+
+
+def finish(counters: torch.Tensor) -> str:
+    s_lo, s_hi, t_lo, t_hi = counters.tolist()
+    return lib._psum_format((s_hi << 31) + s_lo, (t_hi << 31) + t_lo)
+
+
+def psum61_digest_cuda(data: torch.Tensor, **config: int) -> str:
+    """The library's digest (fused on CUDA); with a config, the fused kernel
+    launched with that tiling."""
+    if not config:
+        return digest_bytes(data)
+    return finish(psum61_partials(data, **config))
+
+
+def torch_digest(data: torch.Tensor) -> str:
+    """The digest module's torch path (the reference)."""
+    return lib._psum_format(*lib._torch_totals([data])[0][:2])
+
+
 def tolist_digest(data: torch.Tensor) -> str:
-    """The Triton digest finished with a plain .tolist() (pageable copy)."""
-    s_lo, s_hi, t_lo, t_hi = psum61_partials(data).tolist()
-    return psum61_triton._psum_format((s_hi << 31) + s_lo, (t_hi << 31) + t_lo)
+    """The fused digest finished with a plain .tolist() (pageable copy)."""
+    return finish(psum61_partials(data))
 
 
 def config_kwargs(config: tuple[int, int, int]) -> dict[str, int]:
@@ -148,7 +172,7 @@ def check_correctness() -> dict:
     cases: list[dict] = []
 
     def check(name: str, data: torch.Tensor, **config: int) -> None:
-        ref = digest_bytes(data)
+        ref = torch_digest(data)
         got = psum61_digest_cuda(data, **config)
         cases.append(dict(case=name, bytes=data.numel(), equal=got == ref))
         if got != ref:
@@ -193,7 +217,7 @@ def check_correctness() -> dict:
             dict(
                 position=pos,
                 detected=after != before,
-                equals_torch=after == digest_bytes(data),
+                equals_torch=after == torch_digest(data),
             )
         )
         data[pos] ^= 0x10
@@ -221,9 +245,13 @@ def measure_speed(repeats: int) -> dict:
     buf = random_bytes(GIB, seed=42)
     as_int64 = buf.view(torch.int64)
     mat = buf.view(torch.int32).view(-1, 64)
+    # a sender's bucket: 64 tensors of 16 MiB, digested without packing
+    tensors = list(buf.view(64, -1).view(torch.bfloat16))
+    assert digest_tensors(tensors) == digest_bytes(buf)
     runs = {
         "triton_digest": lambda: psum61_digest_cuda(buf),
-        "torch_digest": lambda: digest_bytes(buf),
+        "sender_digest_tensors": lambda: digest_tensors(tensors),
+        "torch_digest": lambda: torch_digest(buf),
         "plain_int64_sum": lambda: as_int64.sum(),
         "plain_int64_sum_to_host": lambda: as_int64.sum().item(),
         "triton_digest_tolist": lambda: tolist_digest(buf),
@@ -274,6 +302,8 @@ def measure_speed(repeats: int) -> dict:
         wall_seconds=wall,
         triton_launch_host_us=launch_us,
         ratio_triton_to_plain_sum=gbps["triton_digest"] / gbps["plain_int64_sum"],
+        ratio_sender_to_plain_sum=gbps["sender_digest_tensors"]
+        / gbps["plain_int64_sum"],
         ratio_triton_to_plain_sum_to_host=gbps["triton_digest"]
         / gbps["plain_int64_sum_to_host"],
         ratio_triton_to_plain_sum_wall=wall_gbps["triton_digest"]
@@ -390,7 +420,7 @@ def measure_interference(seconds: float, repeats: int, pace_GBps: float) -> dict
     device_src = random_bytes(GIB, seed=77)
     host_src = torch.empty(GIB, dtype=torch.uint8, pin_memory=True)
     host_src.copy_(device_src)
-    expected = digest_bytes(device_src)
+    expected = torch_digest(device_src)
     assert psum61_digest_cuda(device_src) == expected
     sources = {
         "pinned_h2d": (host_src, None),
@@ -399,7 +429,7 @@ def measure_interference(seconds: float, repeats: int, pace_GBps: float) -> dict
     }
     digests = {
         "none": None,
-        "torch": digest_bytes,
+        "torch": torch_digest,
         "triton": psum61_digest_cuda,
         "triton_tolist": tolist_digest,
     }
@@ -519,9 +549,9 @@ def main() -> None:
         cuda=torch.version.cuda,
         triton=triton.__version__,
         digest_config=dict(
-            chunk_words=psum61_triton.CHUNK_WORDS,
-            tile_words=psum61_triton.TILE_WORDS,
-            num_warps=psum61_triton.NUM_WARPS,
+            chunk_words=lib.CHUNK_WORDS,
+            tile_words=lib.TILE_WORDS,
+            num_warps=lib.NUM_WARPS,
         ),
         section_seconds={},
     )

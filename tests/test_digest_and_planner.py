@@ -7,6 +7,7 @@ guarantees in detail.)"""
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -222,7 +223,7 @@ def test_planner_rejects_duplicates_and_bad_budget():
         plan_buckets([], 0)
 
 
-def test_receive_module_imports_only_torch():
+def test_receive_module_needs_no_sglang():
     """Loaded by file path with sglang unimportable, its digest module
     beside it: the GPU benchmark does this."""
     receiver, digest = str(series_source(RECEIVER)), str(series_source(DIGEST))
@@ -243,3 +244,67 @@ def test_receive_module_imports_only_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "StagedWeightReceiver"
+
+
+# Sizes around every boundary of the fused kernel: tails of 0-3 bytes, one
+# word short of and past a chunk of 2**16 words, several chunks.
+CHUNK_BYTES = 4 * trainer_digest.CHUNK_WORDS
+FUSED_SIZES = [*range(9), 63, 64, 65, 1023, 4097]
+FUSED_SIZES += [CHUNK_BYTES + d for d in (-4, -1, 0, 1, 3)] + [3 * CHUNK_BYTES + 2]
+
+FUSED_CHECK = """
+import sys, torch
+from rlsync import digest as d
+assert d.fused_digest_available([torch.zeros(1, dtype=torch.uint8, device=DEVICE)])
+g = torch.Generator().manual_seed(0)
+cases = [torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g) for n in SIZES]
+cases += [torch.full((2 * CHUNK + 1,), 255, dtype=torch.uint8)]  # every word -1
+cases += [torch.tensor([0, 0, 0, 128] * (CHUNK // 4 + 7), dtype=torch.uint8)]  # -2**31
+cases += [torch.tensor([255, 255, 255, 127] * 5000, dtype=torch.uint8)]  # 2**31 - 1
+for x in cases:
+    x = x.to(DEVICE)
+    (s, t, n), = d.psum_totals([x])
+    (rs, rt, rn), = d._torch_totals([x])
+    assert d._psum_format(s, t) == d._psum_format(rs, rt) and n == rn, x.numel()
+tensors = [torch.randn(5, 7), torch.randn(3, dtype=torch.bfloat16), torch.arange(9.0)]
+tensors = [t.to(DEVICE) for t in tensors]
+packed = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+assert d.digest_tensors(tensors) == d._psum_format(*d._torch_totals([packed])[0][:2])
+flat = torch.randint(0, 256, (CHUNK + 11,), dtype=torch.uint8, generator=g).to(DEVICE)
+for start in range(4):  # views at every alignment
+    view = flat[start:]
+    assert d.digest_bytes(view) == d._psum_format(*d._torch_totals([view])[0][:2])
+print("fused ok", len(cases))
+"""
+
+
+def run_fused_check(device: str, env: dict[str, str]) -> str:
+    code = f"DEVICE = {device!r}\nSIZES = {FUSED_SIZES!r}\nCHUNK = {CHUNK_BYTES}\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code + FUSED_CHECK],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python"), **env},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.skipif(trainer_digest.triton is None, reason="needs triton")
+def test_fused_digest_equals_the_torch_path_under_the_triton_interpreter():
+    """The one-pass kernel, run by Triton's interpreter on CPU, gives the
+    torch path's strings at every boundary (CI has no GPU)."""
+    out = run_fused_check("cpu", {"TRITON_INTERPRET": "1"})
+    assert out.startswith("fused ok")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fused_digest_equals_the_torch_path_on_cuda():
+    assert run_fused_check("cuda", {}).startswith("fused ok")
+
+
+def test_without_triton_or_off_cuda_the_torch_path_serves():
+    cpu = [torch.zeros(8, dtype=torch.uint8)]
+    assert not trainer_digest.fused_digest_available(cpu) or (
+        os.environ.get("TRITON_INTERPRET") == "1"
+    )

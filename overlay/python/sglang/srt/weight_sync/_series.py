@@ -16,4 +16,5 @@ FEATURES = (
     "idle_scheduler_yields_to_receiver",
     "data_parallel_weight_update",
     "update_group_on_route",
+    "fused_cuda_digest",
 )

@@ -47,13 +47,39 @@ chunk's start) adds S_c to S and T_c + a * S_c to T = sum(i * w_i), and
 s2 = T + S. `digest_tensors` combines tensors that way without packing them;
 a fused GPU kernel can do the same per thread block in one read pass.
 
-Imports only torch, so a trainer can carry a copy of this module to compute
-the digests it sends.
+On CUDA, where Triton is installed, one fused kernel computes the same
+strings in a single read pass over the bytes (`_psum61_chunk_kernel`), close
+to the GPU's memory bandwidth, instead of the torch path's several
+reductions. Each program owns CHUNK_WORDS consecutive words starting at word
+`base` and reads them in tiles of TILE_WORDS. Per lane j it keeps, in int64,
+acc_s[j] = sum over tiles t of w[t, j] and acc_p[j] = sum over tiles t of
+(acc_s[j] before tile t), so that sum_t t * w[t, j] = (n_tiles - 1) *
+acc_s[j] - acc_p[j] without a multiplication per word; from these follow the
+chunk's S_b and T_b, and it adds S_b and T_b + base * S_b, reduced mod p, to
+four int64 counters (31- and 30-bit halves) with integer atomics, which are
+exact whatever order the programs finish in. The host reads the counters once
+(through pinned memory, waiting on the current stream only). Bound: with
+|w| <= 2**31 and k < CHUNK_WORDS = 2**16, |T_b| < 2**62 and every partial sum
+on the way is a sum of some |k * w_k| terms, so nothing overflows int64.
+
+Imports torch, and Triton where it is installed (it is optional: without it,
+or off CUDA, the torch path serves), so a trainer can carry a copy of this
+module to compute the digests it sends.
 """
 
 from __future__ import annotations
 
+import os
+import threading
+
 import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs: the torch path serves every device
+    triton = None
+    tl = None
 
 DIGEST_ALGORITHM = "psum61"
 
@@ -131,9 +157,23 @@ def _psum_pieces(data: torch.Tensor) -> tuple[list[PsumPiece], torch.Tensor]:
 
 
 def psum_totals(parts: list[torch.Tensor]) -> list[tuple[int, int, int]]:
-    """Exact (S, T, N) of each 1-D uint8 part: S = sum(w_i) and
-    T = sum(i * w_i) over its N int32 words (i from 0, the last word
-    zero-padded). One device-to-host copy for all parts together."""
+    """(S, T, N) of each 1-D uint8 part, S and T exact or reduced mod p:
+    S = sum(w_i) and T = sum(i * w_i) over its N int32 words (i from 0, the
+    last word zero-padded). One device-to-host copy for all parts together;
+    on CUDA with Triton, one read pass over each part's bytes."""
+    for part in parts:
+        if part.numel() >= MAX_DIGEST_BYTES:
+            raise ValueError(
+                f"{DIGEST_ALGORITHM} digests cover buckets below "
+                f"{MAX_DIGEST_BYTES} bytes (256 GiB); this one has {part.numel()}"
+            )
+    if fused_digest_available(parts):
+        return _fused_totals(parts)
+    return _torch_totals(parts)
+
+
+def _torch_totals(parts: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """Exact (S, T, N) of each part with plain int64 torch ops."""
     plans = [_psum_pieces(part) for part in parts]
     tensors: list[torch.Tensor] = []
     for pieces, tail in plans:
@@ -194,3 +234,171 @@ def digest_tensors(tensors: list[torch.Tensor]) -> str:
         s, t = s + part_s, t + part_t + offset * part_s
         offset += words
     return _psum_format(s, t)
+
+
+# --- one fused pass on CUDA (Triton) ------------------------------------------
+
+# Words per program: at most 2**16 keeps every partial sum below 2**62 (see
+# the module docstring); a 1 GiB bucket is 4096 programs.
+CHUNK_WORDS = 1 << 16
+TILE_WORDS = 2048
+NUM_WARPS = 8
+_host = threading.local()
+
+
+def fused_digest_available(parts: list[torch.Tensor]) -> bool:
+    """Whether `psum_totals` takes the fused Triton path for these parts:
+    Triton is installed and every part is on one CUDA device (or Triton's
+    interpreter runs, TRITON_INTERPRET=1, which tests use on CPU)."""
+    if triton is None or not parts:
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True
+    device = parts[0].device
+    return device.type == "cuda" and all(p.device == device for p in parts)
+
+
+if triton is not None:
+    _PRIME = tl.constexpr(PSUM_PRIME)
+    _LOW31 = tl.constexpr((1 << 31) - 1)
+    _LOW30 = tl.constexpr((1 << 30) - 1)
+
+    @triton.jit
+    def _mod_p(x):
+        """x mod p for 0 <= x < 2**63: 2**61 = 1 (mod p), so fold the top
+        bits (at most 3) onto the low 61; the result is below 2 * p."""
+        r = (x & _PRIME) + (x >> 61)
+        return tl.where(r >= _PRIME, r - _PRIME, r)
+
+    @triton.jit
+    def _mul_mod_p(a, b):
+        """a * b mod p for 0 <= a, b < p, in int64 without overflow: with
+        a = a1 * 2**31 + a0 and b = b1 * 2**31 + b0, a * b = a1 b1 2**62 +
+        (a1 b0 + a0 b1) 2**31 + a0 b0, 2**62 = 2 (mod p) and mid * 2**31 =
+        (mid >> 30) + (mid mod 2**30) * 2**31 (mod p); each term stays below
+        2**63 and is reduced before the sum of the three."""
+        a0 = a & _LOW31
+        a1 = a >> 31
+        b0 = b & _LOW31
+        b1 = b >> 31
+        hh = a1 * b1
+        mid = a1 * b0 + a0 * b1
+        ll = a0 * b0
+        r = _mod_p(2 * hh + (mid >> 30))
+        r += _mod_p((mid & _LOW30) << 31)
+        r += _mod_p(ll)
+        return _mod_p(r)
+
+    @triton.jit(do_not_specialize=["n_words", "n_bytes"])
+    def _psum61_chunk_kernel(
+        bytes_ptr,
+        out_ptr,
+        n_words,
+        n_bytes,
+        CHUNK: tl.constexpr,
+        TILE: tl.constexpr,
+    ):
+        """One chunk of CHUNK words: adds its (S mod p) and (T mod p) to
+        out_ptr[0:4] as (s low 31 bits, s high 30 bits, t low 31 bits, t high
+        30 bits). The trailing n_bytes - 4 * n_words (0-3) bytes, zero-padded,
+        are word n_words."""
+        n_tiles: tl.constexpr = CHUNK // TILE
+        words_ptr = bytes_ptr.to(tl.pointer_type(tl.int32))
+        n_words = n_words.to(tl.int64)
+        base = tl.program_id(0).to(tl.int64) * CHUNK
+        lanes = tl.arange(0, TILE)
+        acc_s = tl.zeros([TILE], dtype=tl.int64)
+        acc_p = tl.zeros([TILE], dtype=tl.int64)
+        if base + CHUNK <= n_words:
+            for i in range(n_tiles):
+                offs = base + i * TILE + lanes
+                w = tl.load(words_ptr + offs, eviction_policy="evict_first")
+                acc_p += acc_s
+                acc_s += w.to(tl.int64)
+        else:
+            for i in range(n_tiles):
+                offs = base + i * TILE + lanes
+                w = tl.load(words_ptr + offs, mask=offs < n_words, other=0)
+                acc_p += acc_s
+                acc_s += w.to(tl.int64)
+        s_b = tl.sum(acc_s, axis=0)
+        t_b = TILE * tl.sum((n_tiles - 1) * acc_s - acc_p, axis=0)
+        t_b += tl.sum(lanes.to(tl.int64) * acc_s, axis=0)
+        n_tail = n_bytes - 4 * n_words
+        if (n_tail > 0) & (n_words < base + CHUNK):
+            k = tl.arange(0, 4)
+            tail = tl.load(bytes_ptr + 4 * n_words + k, mask=k < n_tail, other=0)
+            last = tl.sum(tail.to(tl.int64) << (8 * k).to(tl.int64), axis=0)
+            s_b += last
+            t_b += (n_words - base) * last
+        s_mod = _mod_p(s_b + _PRIME)
+        t_mod = _mod_p(t_b + 2 * _PRIME)
+        t_mod = _mod_p(t_mod + _mul_mod_p(base, s_mod))
+        tl.atomic_add(out_ptr + 0, s_mod & _LOW31, sem="relaxed")
+        tl.atomic_add(out_ptr + 1, s_mod >> 31, sem="relaxed")
+        tl.atomic_add(out_ptr + 2, t_mod & _LOW31, sem="relaxed")
+        tl.atomic_add(out_ptr + 3, t_mod >> 31, sem="relaxed")
+
+
+def fused_partials(
+    data: torch.Tensor,
+    out: torch.Tensor,
+    chunk_words: int = CHUNK_WORDS,
+    tile_words: int = TILE_WORDS,
+    num_warps: int = NUM_WARPS,
+) -> None:
+    """Launches the fused digest of 1-D contiguous uint8 bytes on the current
+    stream, adding into `out` (four int64 counters, zeroed by the caller):
+    (S mod p) = out[1] * 2**31 + out[0], (T mod p) = out[3] * 2**31 + out[2]."""
+    assert 0 < chunk_words <= CHUNK_WORDS and chunk_words % tile_words == 0
+    n = data.numel()
+    if n == 0:
+        return
+    if data.storage_offset() % 4:
+        data = data.clone()  # the kernel reads 4-byte aligned int32 words
+    n_words = n // 4
+    grid = (triton.cdiv(n_words + (n % 4 > 0), chunk_words),)
+    _psum61_chunk_kernel[grid](
+        data,
+        out,
+        n_words,
+        n,
+        CHUNK=chunk_words,
+        TILE=tile_words,
+        num_warps=num_warps,
+    )
+
+
+def _host_counters(n: int) -> torch.Tensor:
+    """This thread's pinned host buffer for n counters (reused: each digest
+    waits for its copy before it returns)."""
+    buf = getattr(_host, "counters", None)
+    if buf is None or buf.numel() < n:
+        buf = _host.counters = torch.empty(
+            max(n, 64), dtype=torch.int64, pin_memory=True
+        )
+    return buf[:n]
+
+
+def _fused_totals(parts: list[torch.Tensor]) -> list[tuple[int, int, int]]:
+    """(S mod p, T mod p, N) of each part, one kernel per part and one copy
+    to the host. The copy goes to pinned memory and only the current stream
+    is waited for: a plain `.tolist()` issued while the stream still has a
+    bucket's copy queued waits inside a pageable copy, and on a receiver
+    thread that stalled the decode kernels other threads launched meanwhile."""
+    counters = torch.zeros(len(parts), 4, dtype=torch.int64, device=parts[0].device)
+    for part, out in zip(parts, counters):
+        fused_partials(part, out)
+    if counters.is_cuda:
+        host = _host_counters(counters.numel())
+        host.copy_(counters.view(-1), non_blocking=True)
+        torch.cuda.current_stream(counters.device).synchronize()
+        values = host.tolist()
+    else:
+        values = counters.view(-1).tolist()
+    totals = []
+    for i, part in enumerate(parts):
+        s_lo, s_hi, t_lo, t_hi = values[4 * i : 4 * i + 4]
+        n = part.numel()
+        totals.append(((s_hi << 31) + s_lo, (t_hi << 31) + t_lo, n // 4 + (n % 4 > 0)))
+    return totals
