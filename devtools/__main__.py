@@ -119,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     except (series.SeriesError, PinError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # e.g. a tree or a cache this user cannot read
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -392,23 +392,63 @@ def _advice(target: Target, rels: list[str]) -> str:
 
 
 def _write(target: Target, changes: Contents) -> None:
-    """Write (bytes) or remove (None) files; empty directories left by a
-    removal are removed too, up to the sglang package."""
+    """Write (bytes) or remove (None) files, all or nothing: every target is
+    checked for write access first, and a write that fails anyway (disk
+    full, an interrupt) puts back every file already written before the
+    error is raised. Empty directories left by a removal are removed too, up
+    to the sglang package."""
     paths = {rel: target.path(rel) for rel in changes}  # all mapped before writing
-    for rel, data in sorted(changes.items()):
-        path = paths[rel]
-        if data is None:
-            if path.is_file():
-                path.unlink()
-            parent = path.parent
-            while parent != target.package and parent.is_dir():
-                if any(parent.iterdir()):
-                    break
-                parent.rmdir()
-                parent = parent.parent
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
+    refused = [rel for rel, path in sorted(paths.items()) if not _writable(path)]
+    if refused:
+        raise CheckoutError(
+            f"cannot write {', '.join(refused)} in {target.root} (permission "
+            "denied); nothing was changed: run as the tree's owner, or use a "
+            "tree you can write to (for site-packages, the environment's owner)"
+        )
+    before = _snapshot(target, list(changes))
+    done: list[str] = []
+    try:
+        for rel, data in sorted(changes.items()):
+            done.append(rel)
+            _put(target, paths[rel], data)
+    except BaseException as e:
+        for rel in reversed(done):
+            try:
+                _put(target, paths[rel], before[rel])
+            except OSError:
+                pass
+        if isinstance(e, OSError):
+            raise CheckoutError(
+                f"writing {done[-1]} in {target.root} failed ({e}); the files "
+                "written before it were put back, nothing was changed"
+            ) from e
+        raise
+
+
+def _writable(path: Path) -> bool:
+    """The file (or, for a new one, its nearest existing folder) can be
+    written by this process."""
+    probe = path
+    while not probe.exists():
+        probe = probe.parent
+    if probe == path:
+        return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+    return os.access(probe, os.W_OK | os.X_OK)
+
+
+def _put(target: Target, path: Path, data: bytes | None) -> None:
+    if data is None:
+        if path.is_file():
+            path.unlink()
+        parent = path.parent
+        while parent != target.package and parent.is_dir():
+            if any(parent.iterdir()):
+                break
+            parent.rmdir()
+            parent = parent.parent
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
 
 
 def _changed(before: Contents, after: Contents) -> Contents:
@@ -497,7 +537,10 @@ def revert_series(
             f"{_advice(target, rels)}"
         )
     changes = _changed(current, result)
-    gen_removed = {rel: None for rel in generated if target.path(rel).is_file()}
+    # A tree the series is not applied to keeps any file of that name.
+    gen_removed = {
+        rel: None for rel in generated if changes and target.path(rel).is_file()
+    }
     _write(target, {**changes, **gen_removed})
     gen_note = f"; {len(gen_removed)} generated files removed" if gen_removed else ""
     if not changes:
@@ -631,7 +674,10 @@ def pr_branch(
                 git(repo, "worktree", "remove", "--force", str(scratch), check=False)
                 git(repo, "branch", "-D", branch, check=False)
                 raise CheckoutError(
-                    f"the series does not apply on HEAD of {repo}:\n"
+                    f"the series does not apply on HEAD of {repo}, so no branch "
+                    "was made (pr-branch applies each patch as it is, without a "
+                    "3-way merge: start from a HEAD without local changes to "
+                    f"the patched lines, e.g. the release tag):\n"
                     f"{proc.stdout}{proc.stderr}"
                 )
             if generated:
@@ -639,7 +685,7 @@ def pr_branch(
                     (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
                     (scratch / rel).write_text(text)
                 git(scratch, "add", "--force", "--", *generated)
-                _git_now(
+                proc = _git_now(
                     scratch,
                     "commit",
                     "--quiet",
@@ -648,8 +694,17 @@ def pr_branch(
                     "-m",
                     "rlsync: add the series' generated modules",
                     env=env,
-                    check=True,
                 )
+                if proc.returncode != 0:
+                    git(
+                        repo, "worktree", "remove", "--force", str(scratch), check=False
+                    )
+                    git(repo, "branch", "-D", branch, check=False)
+                    raise CheckoutError(
+                        f"committing the generated modules on {branch} failed "
+                        "(a commit hook of the checkout?); the branch was "
+                        f"removed:\n{proc.stdout}{proc.stderr}"
+                    )
         finally:
             git(repo, "worktree", "remove", "--force", str(scratch), check=False)
             git(repo, "worktree", "prune", check=False)

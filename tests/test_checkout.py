@@ -502,3 +502,34 @@ def test_pr_branch_without_any_author_is_refused(tree, tmp_path):
     assert "rlsync/" not in sh(tree, "branch", "--list")
     bad = make("pr-branch", tree, AUTHOR="just a name")
     assert bad.returncode != 0 and '"Name <mail>"' in bad.stderr
+
+
+def test_a_write_that_fails_midway_puts_every_file_back(tmp_path, upstream_tree):
+    """A folder where the series writes a new module: the files written
+    before it are put back, and the error says so (no traceback)."""
+    tree = tmp_path / "plain"
+    shutil.copytree(upstream_tree / "python", tree / "python")
+    in_the_way = tree / "python/sglang/srt/weight_sync/staged_receiver.py"
+    (in_the_way / "a-folder").mkdir(parents=True)
+    before = files_of(tree)
+    proc = make("apply", tree)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "staged_receiver.py" in proc.stderr
+    assert "put back, nothing was changed" in proc.stderr
+    assert files_of(tree) == before
+
+
+def test_pr_branch_whose_commit_hook_refuses_leaves_no_branch(tree):
+    hook = tree / ".git" / "hooks" / "pre-commit"
+    hook.write_text("#!/bin/sh\necho 'hook says no' >&2\nexit 1\n")
+    hook.chmod(0o755)
+    head = sh(tree, "rev-parse", "HEAD").strip()
+    before = files_of(tree)
+    proc = make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>")
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "hook says no" in proc.stderr and "branch was removed" in proc.stderr
+    assert sh(tree, "branch", "--list", "rlsync/*").strip() == ""
+    assert sh(tree, "rev-parse", "HEAD").strip() == head
+    assert files_of(tree) == before
+    hook.unlink()
+    assert make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>").returncode == 0
