@@ -189,6 +189,10 @@ def test_every_installed_rlsync_command_works_outside_the_clone(tmp_path):
     reload = rlsync_cmd("sync-disk", "--path", "/nowhere", nothing, "--timeout", "2")
     assert reload.returncode == 1 and "FAILED" in reload.stdout
     assert "checkout" not in status.stderr + reload.stderr
+    for command in (("status",), ("router",), ("sync-disk", "--path", "/x")):
+        schemeless = rlsync_cmd(*command, "127.0.0.1:9")
+        assert schemeless.returncode == 2, (command, schemeless.stderr)
+        assert "needs a scheme: http://127.0.0.1:9" in schemeless.stderr
     assert_router_serves(script, nothing, away, env, tmp_path / "router.log")
 
 

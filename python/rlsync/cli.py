@@ -14,6 +14,15 @@ import sys
 from rlsync import SERIES, SGLANG_VERSIONS, __version__
 
 
+def engine_url(text: str) -> str:
+    """An engine's base URL, http(s)://host:port."""
+    if not text.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} needs a scheme: http://{text} or https://{text}"
+        )
+    return text
+
+
 def _admin_key(args: argparse.Namespace) -> str | None:
     return args.admin_key or os.environ.get("SGLANG_ADMIN_API_KEY") or None
 
@@ -79,8 +88,16 @@ def cmd_sync_disk(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["router"]:  # its own options: `rlsync router --help`
-        from rlsync.services import router
-
+        try:
+            from rlsync.services import router
+        except ImportError as e:
+            print(
+                f"error: the router needs the [router] extra ({e}): "
+                "pip install 'rlsync[router]' (from a clone: pip install "
+                "'./python[router]')",
+                file=sys.stderr,
+            )
+            return 2
         return router.main(argv[1:])
     parser = argparse.ArgumentParser(prog="rlsync", description=__doc__)
     parser.add_argument(
@@ -97,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser(
         "status", help="health, weight version and updates in flight of engines"
     )
-    p.add_argument("urls", nargs="+", metavar="URL")
+    p.add_argument("urls", nargs="+", metavar="URL", type=engine_url)
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument(
         "--api-key", help="the engines' --api-key (default: $SGLANG_API_KEY)"
@@ -107,12 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--path", required=True, help="checkpoint directory as the engines see it"
     )
-    p.add_argument("urls", nargs="*", metavar="URL", help="SGLang engines")
+    p.add_argument(
+        "urls", nargs="*", metavar="URL", type=engine_url, help="SGLang engines"
+    )
     p.add_argument(
         "--vllm",
         action="append",
         default=[],
         metavar="URL",
+        type=engine_url,
         help="a vLLM engine (its /collective_rpc); repeatable",
     )
     p.add_argument(

@@ -25,7 +25,7 @@ router for SGLang 0.5.10 with the rlsync series).
   the worker and the field.
 - Bad input is a 400 naming the field, never a 5xx.
 
-Built on FastAPI, httpx and uvicorn: `pip install 'rlsync[router]'`.
+Built on FastAPI, httpx and uvicorn: the `[router]` extra.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from rlsync.cli import engine_url
 from rlsync.client import (
     authorization,
     bearer_headers,
@@ -784,9 +785,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     import uvicorn
 
     ap = argparse.ArgumentParser(
-        prog="rlsync router", description=__doc__.splitlines()[0]
+        prog="rlsync router", description=__doc__.split("\n\n", 1)[0]
     )
-    ap.add_argument("workers", nargs="+", metavar="WORKER_URL")
+    ap.add_argument("workers", nargs="+", metavar="WORKER_URL", type=engine_url)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30080)
     ap.add_argument("--admin-api-key", help="default: $SGLANG_ADMIN_API_KEY")
