@@ -557,6 +557,7 @@ def check(layout: Layout) -> list[str]:
     problems.extend(check_generated(layout))
     problems.extend(check_each_patch_alone(layout, patches))
     problems.extend(check_library_version(layout))
+    problems.extend(check_features(layout))
     problems.extend(check_vendored(layout))
     return problems
 
@@ -575,6 +576,42 @@ def check_generated(layout: Layout) -> list[str]:
                 f"generate (run `make overlay`)\n"
                 + _first_difference(rel, text.encode(), path.read_bytes())
             )
+    return problems
+
+
+LIBRARY_SENDER = "python/rlsync/sender.py"
+_FEATURE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def check_features(layout: Layout) -> list[str]:
+    """Feature names are identifiers, each declared once, and every feature
+    the trainer library requires (`REQUIRED_FEATURES` in its sender) is one
+    the series declares: a renamed feature would make every sender refuse
+    every server of the series."""
+    patches = layout.patches()
+    problems = []
+    seen: dict[str, str] = {}
+    for patch in patches:
+        for name in patch_features(patch):
+            if not _FEATURE_NAME.fullmatch(name):
+                problems.append(
+                    f"{patch.name}: Feature: {name!r} is not a lowercase identifier"
+                )
+            if name in seen:
+                problems.append(
+                    f"{patch.name}: Feature: {name} is declared by {seen[name]} too"
+                )
+            seen.setdefault(name, patch.name)
+    sender = layout.root / LIBRARY_SENDER
+    text = sender.read_text() if sender.is_file() else ""
+    found = re.search(r"^REQUIRED_FEATURES = \(([^)]*)\)", text, re.M)
+    if found:
+        for name in re.findall(r'"([^"]+)"', found.group(1)):
+            if name not in seen:
+                problems.append(
+                    f"{LIBRARY_SENDER}: requires feature {name!r}, which no "
+                    "patch declares (a 'Feature:' line)"
+                )
     return problems
 
 

@@ -3,6 +3,7 @@ tree and the overlay is caught and names the file; export is deterministic."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def scratch(tmp_path, upstream_tree) -> series.Layout:
     shutil.copy(ROOT / "upstream.pin", root)
     shutil.copytree(ROOT / "patches", root / "patches")
     shutil.copytree(ROOT / "overlay", root / "overlay")
-    for copy in (*series.VENDORED, series.LIBRARY_INIT):
+    for copy in (*series.VENDORED, series.LIBRARY_INIT, series.LIBRARY_SENDER):
         (root / copy).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / copy, root / copy)
     (root / "build").mkdir()
@@ -214,17 +215,15 @@ def test_features_come_from_the_patch_headers(scratch):
     for name in features:
         assert f'    "{name}",\n' in text
     assert series.generated_files(scratch) == {series.SERIES_MODULE: text}
-    patch = patch_named(scratch, "two-phase-update")
-    patch.write_text(
-        patch.read_text().replace("Feature: two_phase_weight_update\n", "")
-    )
+    patch = patch_named(scratch, "strict-checksum")
+    patch.write_text(patch.read_text().replace("Feature: weights_checksum\n", ""))
     proc = run_check(scratch)
     assert proc.returncode == 1
-    assert '+    "two_phase_weight_update",' in proc.stderr
+    assert '+    "weights_checksum",' in proc.stderr
     series.regenerate_overlay(scratch)
     assert run_check(scratch).returncode == 0
     assert (
-        "two_phase_weight_update"
+        "weights_checksum"
         not in (scratch.overlay_dir / series.SERIES_MODULE).read_text()
     )
 
@@ -352,3 +351,32 @@ def test_check_fails_when_the_library_speaks_another_series(scratch):
     proc = run_check(scratch)
     assert proc.returncode == 1
     assert f"{series.LIBRARY_INIT}: SERIES is not" in proc.stderr
+
+
+def test_check_fails_on_a_feature_the_library_requires_but_no_patch_declares(scratch):
+    patch = next(p for p in scratch.patches() if "two-phase" in p.name)
+    renamed = "Feature: two_phase_update\n"
+    patch.write_text(
+        patch.read_text().replace("Feature: two_phase_weight_update\n", renamed)
+    )
+    series.regenerate_overlay(scratch)  # the overlay agrees: only the name is wrong
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert "requires feature 'two_phase_weight_update', which no patch" in proc.stderr
+
+
+def test_check_fails_on_a_feature_declared_twice_or_not_an_identifier(scratch):
+    first, second = scratch.patches()[:2]
+    twice = re.search(r"^Feature: (\S+)$", first.read_text(), re.M).group(1)
+    second.write_text(
+        re.sub(
+            r"^Feature: .*$",
+            f"Feature: {twice}\nFeature: Rank-Results",
+            second.read_text(),
+            count=1,
+            flags=re.M,
+        )
+    )
+    problems = series.check_features(scratch)
+    assert any(f"Feature: {twice} is declared by {first.name}" in p for p in problems)
+    assert any("'Rank-Results' is not a lowercase identifier" in p for p in problems)
