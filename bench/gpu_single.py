@@ -74,13 +74,16 @@ def cuda_times(
     fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 5
 ) -> dict[str, float]:
     """Median seconds of each fn() between CUDA events on the current stream,
-    the fns taking turns so that clock drift hits all of them alike."""
+    from an idle GPU, the fns taking turns (in reverse order every other
+    round) so that clock drift and what ran just before hit all alike."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    for round_ in range(repeats):
+        order = list(fns.items())
+        for name, fn in order if round_ % 2 == 0 else reversed(order):
+            torch.cuda.synchronize()
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -100,8 +103,9 @@ def wall_times(
         for _ in range(warmup):
             fn()
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
+    for round_ in range(repeats):
+        order = list(fns.items())
+        for name, fn in order if round_ % 2 == 0 else reversed(order):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             fn()
@@ -248,9 +252,12 @@ def measure_speed(repeats: int) -> dict:
     # a sender's bucket: 64 tensors of 16 MiB, digested without packing
     tensors = list(buf.view(64, -1).view(torch.bfloat16))
     assert digest_tensors(tensors) == digest_bytes(buf)
+    # and per-tensor launches (series 7 before the one-launch path)
+    per_tensor = lambda: lib.psum_totals(tensors)  # noqa: E731
     runs = {
         "triton_digest": lambda: psum61_digest_cuda(buf),
         "sender_digest_tensors": lambda: digest_tensors(tensors),
+        "sender_one_launch_per_tensor": per_tensor,
         "torch_digest": lambda: torch_digest(buf),
         "plain_int64_sum": lambda: as_int64.sum(),
         "plain_int64_sum_to_host": lambda: as_int64.sum().item(),

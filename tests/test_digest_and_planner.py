@@ -266,10 +266,21 @@ for x in cases:
     (s, t, n), = d.psum_totals([x])
     (rs, rt, rn), = d._torch_totals([x])
     assert d._psum_format(s, t) == d._psum_format(rs, rt) and n == rn, x.numel()
-tensors = [torch.randn(5, 7), torch.randn(3, dtype=torch.bfloat16), torch.arange(9.0)]
-tensors = [t.to(DEVICE) for t in tensors]
-packed = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
-assert d.digest_tensors(tensors) == d._psum_format(*d._torch_totals([packed])[0][:2])
+def packed_digest(tensors):
+    packed = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+    return d._psum_format(*d._torch_totals([packed])[0][:2])
+raw = torch.randint(0, 256, (3 * CHUNK + 64,), dtype=torch.uint8, generator=g)
+buckets = [  # a bucket's tensors, digested in one launch over all of them
+    [torch.randn(5, 7), torch.randn(3, dtype=torch.bfloat16), torch.arange(9.0)],
+    [torch.randn(1) for _ in range(40)],
+    [raw[: CHUNK + 4], torch.zeros(0), raw[CHUNK + 4 : 3 * CHUNK], raw[-7:]],
+    [raw[2 : 2 + CHUNK], raw[: 4 * 17]],  # a part at an unaligned address
+    [torch.zeros(0), raw[:9]],
+    [torch.randn(8, 6).t(), torch.randn(5)],  # not contiguous
+]
+for tensors in buckets:
+    tensors = [t.to(DEVICE) for t in tensors]
+    assert d.digest_tensors(tensors) == packed_digest(tensors), len(tensors)
 flat = torch.randint(0, 256, (CHUNK + 11,), dtype=torch.uint8, generator=g).to(DEVICE)
 for start in range(4):  # views at every alignment
     view = flat[start:]

@@ -224,13 +224,15 @@ def digest_tensors(tensors: list[torch.Tensor]) -> str:
     without packing them: word i of tensor k is word off_k + i of the bucket,
     so S = sum(S_k) and T = sum(T_k + off_k * S_k). Falls back to packing
     when a tensor other than the last ends mid-word (its byte count is not a
-    multiple of 4)."""
+    multiple of 4). On CUDA with Triton, one launch over all of them."""
     assert tensors, "need at least one tensor"
-    parts = [_as_bytes(t) for t in tensors]
-    if any(p.numel() % 4 for p in parts[:-1]):
-        return digest_bytes(torch.cat(parts))
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    if any(n % 4 for n in sizes[:-1]):
+        return digest_bytes(torch.cat([_as_bytes(t) for t in tensors]))
+    if len(tensors) > 1 and fused_digest_available(tensors):
+        return _psum_format(*_fused_packed_totals(tensors, sizes))
     s = t = offset = 0
-    for part_s, part_t, words in psum_totals(parts):
+    for part_s, part_t, words in psum_totals([_as_bytes(t) for t in tensors]):
         s, t = s + part_s, t + part_t + offset * part_s
         offset += words
     return _psum_format(s, t)
@@ -289,23 +291,24 @@ if triton is not None:
         r += _mod_p(ll)
         return _mod_p(r)
 
-    @triton.jit(do_not_specialize=["n_words", "n_bytes"])
-    def _psum61_chunk_kernel(
+    @triton.jit
+    def _add_chunk(
         bytes_ptr,
-        out_ptr,
         n_words,
         n_bytes,
+        base,
+        global_base,
+        out_ptr,
         CHUNK: tl.constexpr,
         TILE: tl.constexpr,
     ):
-        """One chunk of CHUNK words: adds its (S mod p) and (T mod p) to
-        out_ptr[0:4] as (s low 31 bits, s high 30 bits, t low 31 bits, t high
-        30 bits). The trailing n_bytes - 4 * n_words (0-3) bytes, zero-padded,
-        are word n_words."""
+        """Words base .. base + CHUNK - 1 of one byte string of n_words whole
+        words (its trailing n_bytes - 4 * n_words bytes, zero-padded, are
+        word n_words): adds their (S mod p) and (T mod p), the words counted
+        from global_base, to out_ptr[0:4] as (s low 31 bits, s high 30 bits,
+        t low 31 bits, t high 30 bits)."""
         n_tiles: tl.constexpr = CHUNK // TILE
         words_ptr = bytes_ptr.to(tl.pointer_type(tl.int32))
-        n_words = n_words.to(tl.int64)
-        base = tl.program_id(0).to(tl.int64) * CHUNK
         lanes = tl.arange(0, TILE)
         acc_s = tl.zeros([TILE], dtype=tl.int64)
         acc_p = tl.zeros([TILE], dtype=tl.int64)
@@ -333,11 +336,54 @@ if triton is not None:
             t_b += (n_words - base) * last
         s_mod = _mod_p(s_b + _PRIME)
         t_mod = _mod_p(t_b + 2 * _PRIME)
-        t_mod = _mod_p(t_mod + _mul_mod_p(base, s_mod))
+        t_mod = _mod_p(t_mod + _mul_mod_p(global_base, s_mod))
         tl.atomic_add(out_ptr + 0, s_mod & _LOW31, sem="relaxed")
         tl.atomic_add(out_ptr + 1, s_mod >> 31, sem="relaxed")
         tl.atomic_add(out_ptr + 2, t_mod & _LOW31, sem="relaxed")
         tl.atomic_add(out_ptr + 3, t_mod >> 31, sem="relaxed")
+
+    @triton.jit(do_not_specialize=["n_words", "n_bytes"])
+    def _psum61_chunk_kernel(
+        bytes_ptr,
+        out_ptr,
+        n_words,
+        n_bytes,
+        CHUNK: tl.constexpr,
+        TILE: tl.constexpr,
+    ):
+        """Program k digests words k * CHUNK .. (k + 1) * CHUNK - 1."""
+        n_words = n_words.to(tl.int64)
+        base = tl.program_id(0).to(tl.int64) * CHUNK
+        _add_chunk(bytes_ptr, n_words, n_bytes, base, base, out_ptr, CHUNK, TILE)
+
+    @triton.jit(do_not_specialize=["n_parts"])
+    def _psum61_parts_kernel(
+        table_ptr,
+        n_parts,
+        out_ptr,
+        CHUNK: tl.constexpr,
+        TILE: tl.constexpr,
+    ):
+        """Several byte strings digested as if packed back to back, in one
+        launch. table_ptr holds one int64 row per part: (address, whole
+        words, bytes, its first program, its first word in the packing);
+        program k digests a chunk of the last part whose first program is
+        at most k (found by binary search)."""
+        pid = tl.program_id(0).to(tl.int64)
+        lo = pid * 0
+        hi = lo + n_parts - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            starts_by = tl.load(table_ptr + mid * 5 + 3) <= pid
+            lo = tl.where(starts_by, mid, lo)
+            hi = tl.where(starts_by, hi, mid - 1)
+        row = table_ptr + lo * 5
+        bytes_ptr = tl.load(row).to(tl.pointer_type(tl.uint8))
+        n_words = tl.load(row + 1)
+        n_bytes = tl.load(row + 2)
+        base = (pid - tl.load(row + 3)) * CHUNK
+        global_base = tl.load(row + 4) + base
+        _add_chunk(bytes_ptr, n_words, n_bytes, base, global_base, out_ptr, CHUNK, TILE)
 
 
 def fused_partials(
@@ -369,33 +415,74 @@ def fused_partials(
     )
 
 
-def _host_counters(n: int) -> torch.Tensor:
-    """This thread's pinned host buffer for n counters (reused: each digest
-    waits for its copy before it returns)."""
-    buf = getattr(_host, "counters", None)
+def _host_buffer(name: str, n: int) -> torch.Tensor:
+    """This thread's pinned host buffer `name` of at least n int64 (reused:
+    each digest waits for its copies before it returns)."""
+    buf = getattr(_host, name, None)
     if buf is None or buf.numel() < n:
-        buf = _host.counters = torch.empty(
-            max(n, 64), dtype=torch.int64, pin_memory=True
-        )
+        buf = torch.empty(max(n, 64), dtype=torch.int64, pin_memory=True)
+        setattr(_host, name, buf)
     return buf[:n]
+
+
+def _finish(counters: torch.Tensor) -> list[int]:
+    """The counters on the host: through pinned memory, waiting for the
+    current stream only. A plain `.tolist()` issued while the stream still
+    has a bucket's copy queued waits inside a pageable copy, and on a
+    receiver thread that stalled the decode kernels other threads launched
+    meanwhile."""
+    if not counters.is_cuda:
+        return counters.view(-1).tolist()
+    host = _host_buffer("counters", counters.numel())
+    host.copy_(counters.view(-1), non_blocking=True)
+    torch.cuda.current_stream(counters.device).synchronize()
+    return host.tolist()
+
+
+def _fused_packed_totals(
+    tensors: list[torch.Tensor], sizes: list[int]
+) -> tuple[int, int]:
+    """(S mod p, T mod p) of the tensors' bytes packed back to back (every
+    tensor but the last a whole number of words), in one launch over all of
+    them. Per tensor only its address and size are read: no views made."""
+    rows, chunks, words = [], 0, 0
+    aligned = []  # alive until the kernel has read them
+    for tensor, n in zip(tensors, sizes):
+        if n == 0:
+            continue
+        if not tensor.is_contiguous():
+            tensor = tensor.contiguous()
+        if tensor.data_ptr() % 4:
+            tensor = tensor.clone()  # the kernel reads 4-byte aligned int32 words
+        aligned.append(tensor)
+        rows += [tensor.data_ptr(), n // 4, n, chunks, words]
+        chunks += triton.cdiv(n // 4 + (n % 4 > 0), CHUNK_WORDS)
+        words += n // 4
+    counters = torch.zeros(4, dtype=torch.int64, device=tensors[0].device)
+    if rows:
+        table = torch.tensor(rows, dtype=torch.int64)
+        if counters.is_cuda:  # through pinned memory: no pageable copy
+            table = _host_buffer("table", len(rows)).copy_(table)
+            table = table.to(counters.device, non_blocking=True)
+        _psum61_parts_kernel[(chunks,)](
+            table,
+            len(rows) // 5,
+            counters,
+            CHUNK=CHUNK_WORDS,
+            TILE=TILE_WORDS,
+            num_warps=NUM_WARPS,
+        )
+    s_lo, s_hi, t_lo, t_hi = _finish(counters)
+    return (s_hi << 31) + s_lo, (t_hi << 31) + t_lo
 
 
 def _fused_totals(parts: list[torch.Tensor]) -> list[tuple[int, int, int]]:
     """(S mod p, T mod p, N) of each part, one kernel per part and one copy
-    to the host. The copy goes to pinned memory and only the current stream
-    is waited for: a plain `.tolist()` issued while the stream still has a
-    bucket's copy queued waits inside a pageable copy, and on a receiver
-    thread that stalled the decode kernels other threads launched meanwhile."""
+    of all their counters to the host."""
     counters = torch.zeros(len(parts), 4, dtype=torch.int64, device=parts[0].device)
     for part, out in zip(parts, counters):
         fused_partials(part, out)
-    if counters.is_cuda:
-        host = _host_counters(counters.numel())
-        host.copy_(counters.view(-1), non_blocking=True)
-        torch.cuda.current_stream(counters.device).synchronize()
-        values = host.tolist()
-    else:
-        values = counters.view(-1).tolist()
+    values = _finish(counters)
     totals = []
     for i, part in enumerate(parts):
         s_lo, s_hi, t_lo, t_hi = values[4 * i : 4 * i + 4]
