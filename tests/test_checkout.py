@@ -115,11 +115,13 @@ def test_version_of_a_bare_clone_comes_from_the_tag(tree):
 
 
 def test_conflicting_hunk_changes_nothing(tree):
-    # Break a file of the last patch: the earlier patches would apply, so a
-    # half-applied tree would show; nothing may change.
-    last = LAYOUT.patches()[-1]
+    # Break an upstream file of the last patch that has one: the earlier
+    # patches would apply, so a half-applied tree would show; nothing may change.
     rel = next(
-        f for f in series.touched_files(last) if (LAYOUT.upstream_dir / f).is_file()
+        f
+        for patch in reversed(LAYOUT.patches())
+        for f in series.touched_files(patch)
+        if (LAYOUT.upstream_dir / f).is_file()
     )
     target = tree / rel
     target.write_text("# rewritten locally: every hunk conflicts\n")
