@@ -73,7 +73,7 @@ test: install
 
 .PHONY: test-fast
 test-fast: install
-	@$(VENV_PY) -m pytest -m "not server and not build" $(PYTEST_ARGS)
+	@tools/test-fast.sh $(PYTEST_ARGS)
 
 format:
 	@$(VENV_PY) -m black python devtools harness tests bench setup.py

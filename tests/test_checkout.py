@@ -21,6 +21,28 @@ def sh(cwd: Path, *args: str) -> str:
 
 
 @pytest.fixture(scope="module")
+def upstream_tree(upstream_tree, tmp_path_factory) -> Path:
+    """The pristine release cut down to what applying the series reads: its
+    metadata (the egg-info too), the package's top modules, every file a
+    patch touches, the folder the series adds its modules to, and one folder
+    no patch touches (so "nothing else changed" is still checked).
+    Copying all 2,000+ files for each tree made these tests slow."""
+    slim = tmp_path_factory.mktemp("slim-upstream")
+    src, dst = upstream_tree / "python", slim / "python"
+    keep = [p.name for p in src.iterdir() if p.is_file()]
+    keep += ["sglang/__init__.py", "sglang/version.py", "sglang/_version.py"]
+    keep += series.series_files(LAYOUT.patches())
+    keep = [rel.removeprefix("python/") for rel in keep]
+    for folder in ("sglang/lang", "sglang/srt/weight_sync", "sglang.egg-info"):
+        keep += [p.relative_to(src).as_posix() for p in (src / folder).rglob("*")]
+    for rel in sorted(set(keep)):
+        if (src / rel).is_file():
+            (dst / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src / rel, dst / rel)
+    return slim
+
+
+@pytest.fixture(scope="module")
 def template(tmp_path_factory, upstream_tree) -> Path:
     """A git repository like a clone of sgl-project/sglang at v0.5.10."""
     repo = tmp_path_factory.mktemp("template") / "sglang"
