@@ -19,7 +19,7 @@ from harness.cpu_sglang import free_port
 from harness.weights import greedy as served_greedy
 from harness.weights import randomized
 from rlsync import client
-from rlsync.sender import Engine, SyncError, WeightSender
+from rlsync.sender import FLATTENED, Engine, SyncError, WeightSender
 
 PROMPT = "Fleet"
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,7 +194,7 @@ def test_engine_refusing_the_group_fails_connect_at_once_and_tears_the_join_down
 # engine refuses (no GPU), then the process must exit normally.
 NCCL_CHILD = """
 import json, sys, threading
-from rlsync.sender import Engine, SyncError, WeightSender
+from rlsync.sender import FLATTENED, Engine, SyncError, WeightSender
 sender = WeightSender([Engine(sys.argv[1], 1)], master_port=int(sys.argv[2]),
                       backend="nccl", timeout=120, group_name="nccl_refused")
 try:
@@ -290,3 +290,51 @@ def test_engine_keys_reach_protected_routes(locked, model_weights):
         client.get_weight_version(url)
     assert "Engine(url=" in repr(sender.engines[0])
     assert ADMIN_KEY not in repr(sender.engines[0])
+
+
+# --- per-tensor layout and verify-only syncs ----------------------------------
+
+
+def served_exactly(url: str, sent: list[tuple[str, torch.Tensor]]) -> bool:
+    """The engine serves the sent value of a parameter every rank holds whole."""
+    name = "model.norm.weight"
+    got = client.get_weights_by_name(url, name, truncate_size=10**6)
+    return torch.equal(torch.tensor(got), dict(sent)[name].float())
+
+
+def test_load_format_is_checked_at_construction():
+    with pytest.raises(AssertionError, match="load_format"):
+        WeightSender([Engine("http://127.0.0.1:1")], master_port=1, load_format="x")
+
+
+def test_per_tensor_layout_applies_and_answers_each_engines_ranks(fleet, model_weights):
+    urls = [e.url for e in fleet.engines]
+    before = [greedy(u) for u in urls]
+    fleet.load_format = None
+    new = randomized(model_weights, 61)
+    result = fleet.sync(new, weight_version="per-tensor")
+    assert result.success and result.verified
+    answers = [e.answer for e in result.engines]
+    assert [[r.rank for r in a.rank_results] for a in answers] == [[0], [0, 1]]
+    assert all(a.weight_version == "per-tensor" for a in answers)
+    assert all(served_exactly(u, new) for u in urls)
+    assert all(greedy(u) != b for u, b in zip(urls, before))
+    fleet.load_format = FLATTENED
+    assert fleet.sync(model_weights).success
+    assert [greedy(u) for u in urls] == before
+
+
+def test_verify_only_keeps_old_weights_until_the_engines_apply(fleet, model_weights):
+    urls = [e.url for e in fleet.engines]
+    before = [greedy(u) for u in urls]
+    new = randomized(model_weights, 62)
+    result = fleet.sync(new, apply=False)
+    assert result.verified and not result.success
+    assert all(e.answer.ready_to_apply and not e.applied for e in result.engines)
+    assert [greedy(u) for u in urls] == before, "a verify-only sync applied"
+    for url in urls:  # the sessions stayed open: apply them now
+        assert client.complete_weights_update(url, group_name=fleet.group_name).applied
+    assert all(served_exactly(u, new) for u in urls)
+    assert all(greedy(u) != b for u, b in zip(urls, before))
+    assert fleet.sync(model_weights).success
+    assert [greedy(u) for u in urls] == before
