@@ -25,7 +25,7 @@ _counter = itertools.count()
 
 # Fixtures that start a real SGLang server; a test that uses one, directly or
 # through another fixture, is marked `server`.
-SERVER_FIXTURES = {"server_tp1", "server_tp2", "start_server"}
+SERVER_FIXTURES = {"server_tp1", "server_tp2", "keyed_server", "start_server"}
 # Code that starts a server itself: a fixture, a test, or a helper of a test
 # module whose source matches makes those tests `server` tests.
 STARTS_A_SERVER = re.compile(
@@ -162,6 +162,21 @@ def server_tp1(request, tiny_model):
 @pytest.fixture(scope="session")
 def server_tp2(request, tiny_model):
     return _session_server(request, tiny_model, 2)
+
+
+# Keys of keyed_server: its admin key and its ordinary --api-key.
+KEYED_ADMIN_KEY, KEYED_API_KEY = "admin-k3y", "api-k3y"
+
+
+@pytest.fixture(scope="session")
+def keyed_server(request, tiny_model):
+    """A patched TP 1 server with an admin key and an ordinary API key,
+    shared by the modules that need both set (one start instead of one per
+    module)."""
+    keys = ["--admin-api-key", KEYED_ADMIN_KEY, "--api-key", KEYED_API_KEY]
+    server = _start(request, tiny_model, 1, False, keys, name="session-keyed")
+    request.addfinalizer(server.stop)
+    return server
 
 
 SHARED_SERVERS = ("server_tp1", "server_tp2")

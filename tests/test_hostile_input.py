@@ -11,25 +11,20 @@ from pathlib import Path
 
 import pytest
 import requests
+from conftest import KEYED_ADMIN_KEY, KEYED_API_KEY
 
 from harness import cpu_sglang
 from harness.cpu_sglang import free_port
 from rlsync import client
 
 ROOT = Path(__file__).resolve().parents[1]
-ADMIN, API = "admin-k3y", "api-k3y"
+ADMIN, API = KEYED_ADMIN_KEY, KEYED_API_KEY
 GOOD = {"names": ["model.norm.weight"], "dtypes": ["bfloat16"], "shapes": [[64]]}
 
 
-@pytest.fixture(scope="module")
-def keyed(request, tiny_model):
-    server = cpu_sglang.launch(
-        tiny_model,
-        ROOT / "build" / "logs" / "hostile-keyed.log",
-        extra_args=["--admin-api-key", ADMIN, "--api-key", API],
-    )
-    request.addfinalizer(server.stop)
-    return server
+@pytest.fixture
+def keyed(keyed_server):
+    return keyed_server
 
 
 def raw_post(url: str, path: str, body: bytes, authorization: bytes) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import KEYED_ADMIN_KEY, KEYED_API_KEY
 
 from harness import cpu_sglang
 from harness.cpu_sglang import free_port
@@ -23,19 +24,13 @@ from rlsync.sender import FLATTENED, Engine, SyncError, WeightSender
 
 PROMPT = "Fleet"
 ROOT = Path(__file__).resolve().parents[1]
-ADMIN_KEY, API_KEY = "k3y", "api-k3y"
+ADMIN_KEY, API_KEY = KEYED_ADMIN_KEY, KEYED_API_KEY
 
 
-@pytest.fixture(scope="module")
-def locked(request, tiny_model):
+@pytest.fixture
+def locked(keyed_server):
     """A server with an admin key and an ordinary API key."""
-    server = cpu_sglang.launch(
-        tiny_model,
-        ROOT / "build" / "logs" / "sender-locked.log",
-        extra_args=["--admin-api-key", ADMIN_KEY, "--api-key", API_KEY],
-    )
-    request.addfinalizer(server.stop)
-    return server
+    return keyed_server
 
 
 def join_threads() -> list[str]:
@@ -194,7 +189,7 @@ def test_engine_refusing_the_group_fails_connect_at_once_and_tears_the_join_down
 # engine refuses (no GPU), then the process must exit normally.
 NCCL_CHILD = """
 import json, sys, threading
-from rlsync.sender import FLATTENED, Engine, SyncError, WeightSender
+from rlsync.sender import Engine, SyncError, WeightSender
 sender = WeightSender([Engine(sys.argv[1], 1)], master_port=int(sys.argv[2]),
                       backend="nccl", timeout=120, group_name="nccl_refused")
 try:
