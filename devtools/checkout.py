@@ -223,13 +223,12 @@ def check_tree(tree: Path, pin: Pin) -> Target:
     return target
 
 
-# --- generated files (a hook for series.generated_files) -----------------
+# --- generated files --------------------------------------------------------
 
 
 def _generated_files(layout: series.Layout) -> dict[str, str]:
     """Build-time generated modules of the series, {series path: text}."""
-    produce = getattr(series, "generated_files", None)
-    return dict(produce(layout)) if produce else {}
+    return dict(series.generated_files(layout))
 
 
 def _generated_for(patches: list[Path], given: dict[str, str] | None) -> dict:
@@ -458,16 +457,25 @@ def _changed(before: Contents, after: Contents) -> Contents:
 # --- the commands ---------------------------------------------------------
 
 
+def _prepare(
+    tree: Path, pin: Pin, patches: list[Path], generated: dict[str, str] | None
+) -> tuple[Target, dict[str, str], list[str]]:
+    """The checked tree, the generated modules and the files the series
+    touches: what apply and revert start from."""
+    target = check_tree(tree, pin)
+    generated = _generated_for(patches, generated)
+    rels = series_files(patches)
+    _check_generated(generated, rels)
+    return target, generated, rels
+
+
 def apply_series(
     tree: Path,
     pin: Pin,
     patches: list[Path],
     generated: dict[str, str] | None = None,
 ) -> str:
-    target = check_tree(tree, pin)
-    generated = _generated_for(patches, generated)
-    rels = series_files(patches)
-    _check_generated(generated, rels)
+    target, generated, rels = _prepare(tree, pin, patches, generated)
     if not patches and not generated:
         return "the series is empty; nothing to apply"
     current = _snapshot(target, rels)
@@ -513,10 +521,7 @@ def revert_series(
     patches: list[Path],
     generated: dict[str, str] | None = None,
 ) -> str:
-    target = check_tree(tree, pin)
-    generated = _generated_for(patches, generated)
-    rels = series_files(patches)
-    _check_generated(generated, rels)
+    target, generated, rels = _prepare(tree, pin, patches, generated)
     if not patches and not generated:
         return "the series is empty; nothing to revert"
     current = _snapshot(target, rels)

@@ -453,12 +453,8 @@ def test_conflicting_uncommitted_edit_is_named_with_advice(tree):
 
 
 def test_generated_files_are_written_and_removed(tmp_path, upstream_tree, monkeypatch):
-    monkeypatch.delattr(series, "generated_files", raising=False)
-    assert checkout._generated_files(LAYOUT) == {}
     rel = "python/sglang/srt/weight_sync/generated_by_rlsync/info.py"
-    monkeypatch.setattr(
-        series, "generated_files", lambda layout: {rel: "SERIES = 6\n"}, raising=False
-    )
+    monkeypatch.setattr(series, "generated_files", lambda layout: {rel: "SERIES = 6\n"})
     generated = checkout._generated_files(LAYOUT)
     assert generated == {rel: "SERIES = 6\n"}
     root = sdist(tmp_path, upstream_tree)

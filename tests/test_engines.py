@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import KEYED_API_KEY
 from safetensors.torch import save_file
 
 from harness.cpu_sglang import free_port
@@ -83,6 +84,15 @@ def test_disk_sync_failure_is_reported_with_the_servers_message(server_tp1, tmp_
     assert (
         "/update_weights_from_disk" in result.error and server_tp1.url in result.error
     )
+
+
+def test_cli_status_reads_the_weight_version_with_the_api_key(keyed_server):
+    without = rlsync_cli("status", keyed_server.url)
+    assert "weight_version=? (Unauthorized)" in without.stdout, without.stdout
+    keyed = rlsync_cli("status", keyed_server.url, "--api-key", KEYED_API_KEY)
+    assert keyed.returncode == 0, keyed.stderr
+    assert "healthy (HTTP 200)" in keyed.stdout
+    assert "weight_version=?" not in keyed.stdout, keyed.stdout
 
 
 def test_cli_status_and_sync_disk(server_tp1, tiny_model):
