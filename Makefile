@@ -4,76 +4,95 @@
 
 PYTHON   ?= python3
 DEVTOOLS := PYTHONPATH=$(CURDIR) $(PYTHON) -m devtools
-VENV_PY  := .venv/bin/python
-SERIES   := $(shell sed -n 's/^series *= *//p' upstream.pin)
-VERSION  := $(shell sed -n 's/^version *= *//p' upstream.pin)
-WHEEL    := dist/sglang-$(VERSION)+rlsync.$(SERIES)-py3-none-any.whl
+# Every pin (pins/<version>/), oldest first; PIN=<version> picks one, else the
+# oldest for the one-pin targets, and every pin for check and test.
+PINS     := $(shell ls -v pins)
+PIN      ?=
+P        := $(or $(PIN),$(firstword $(PINS)))
+PIN_FILE := pins/$(P)/upstream.pin
+SERIES   := $(shell sed -n 's/^series *= *//p' $(PIN_FILE))
+VERSION  := $(shell sed -n 's/^version *= *//p' $(PIN_FILE))
+# Wheel-only releases: the forked wheel keeps upstream's wheel tags.
+UPSTREAM_WHEEL := $(shell sed -n 's/^wheel *= *//p' $(PIN_FILE))
+WHEEL_TAGS := $(if $(UPSTREAM_WHEEL),$(shell echo $(UPSTREAM_WHEEL) | sed 's/\.whl$$//' | cut -d- -f3-),py3-none-any)
+WHEEL    := dist/sglang-$(VERSION)+rlsync.$(SERIES)-$(WHEEL_TAGS).whl
+VENV_PY  := .venv-$(P)/bin/python
 LIB_VERSION := $(shell sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' python/rlsync/__init__.py)
 LIB_WHEEL := dist/rlsync-$(LIB_VERSION)-py3-none-any.whl
 PYTEST_ARGS ?=
+# A later pin's run leaves out what does not depend on the pin (tooling,
+# trainer library alone): the tests that start a server.
+PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m server)
 
 .PHONY: help upstream worktree patches overlay check apply revert pr-branch \
-        venv wheel install test demo soak format clean bench-cpu
+        venv wheel install test test-pin demo soak format clean bench-cpu
 
 help:
-	@echo "make test                       venv + wheel + the whole suite (real SGLang on CPU)"
+	@echo "make test                       every pin: venv + wheels + the whole suite (real SGLang on CPU)"
+	@echo "make test PIN=<version>         the same for one pin ($(PINS))"
 	@echo "make test-fast                  venv + wheel + the tests that start no server and build nothing (under a minute)"
 	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
 	@echo "make soak                       30 syncs with random faults into TP 1 + TP 2 under load, checked (bench/results/)"
-	@echo "make upstream                   fetch + verify + unpack the pinned sdist (build/upstream/python)"
-	@echo "make worktree                   build/work: git repo at the pin, one commit per patch"
-	@echo "make patches                    re-export patches/ from build/work (deterministic)"
-	@echo "make overlay                    regenerate overlay/ from pristine + series"
-	@echo "make check                      fail on any drift between series, pristine and overlay"
-	@echo "make apply SGLANG_DIR=<tree>    apply the series to SGLang $(VERSION): a checkout (local commits"
-	@echo "                                and edits are fine), an unpacked sdist, site-packages or the"
-	@echo "                                sglang package dir; all-or-nothing, 3-way merge in git checkouts"
+	@echo "make check                      fail on any drift between series, pristine, overlay and common/ (every pin)"
+	@echo "make apply SGLANG_DIR=<tree>    apply the series of the tree's SGLang version ($(PINS)): a checkout"
+	@echo "                                (local commits and edits are fine), an unpacked sdist or wheel,"
+	@echo "                                site-packages or the sglang package dir; all-or-nothing,"
+	@echo "                                3-way merge in git checkouts"
 	@echo "make revert SGLANG_DIR=<tree>   remove it again (after a plain or 3-way apply)"
 	@echo "make pr-branch SGLANG_DIR=<git checkout> [AUTHOR=\"Name <mail>\"]"
 	@echo "                                branch off HEAD, one signed-off commit per patch"
 	@echo "                                (author defaults to the checkout's git user.name/user.email)"
-	@echo "make wheel                      $(WHEEL)"
+	@echo "The one-pin targets take PIN=<version> (default $(firstword $(PINS))):"
+	@echo "make upstream                   fetch + verify + unpack the pinned archive (build/<pin>/upstream/python)"
+	@echo "make worktree                   build/<pin>/work: git repo at the pin, one commit per patch"
+	@echo "make patches                    re-export pins/<pin>/patches from the worktree (deterministic)"
+	@echo "make overlay                    regenerate pins/<pin>/overlay and common/ from pristine + series"
+	@echo "make wheel                      the forked wheel ($(WHEEL)) and the library's"
 	@echo "make bench-cpu                  CPU benchmark: raw vs upstream vs two-phase (bench/results/)"
 
-upstream:
-	@$(DEVTOOLS) upstream
-
-worktree:
-	@$(DEVTOOLS) worktree
-
-patches:
-	@$(DEVTOOLS) patches
-
-overlay:
-	@$(DEVTOOLS) overlay
+upstream worktree patches overlay:
+	@$(DEVTOOLS) --pin $(P) $@
 
 check:
-	@$(DEVTOOLS) check
+	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) check
 
 apply revert pr-branch:
 	@test -n "$(SGLANG_DIR)" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }
-	@$(DEVTOOLS) $@ "$(SGLANG_DIR)" $(if $(and $(filter pr-branch,$@),$(AUTHOR)),--author "$(AUTHOR)")
+	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) $@ "$(SGLANG_DIR)" $(if $(and $(filter pr-branch,$@),$(AUTHOR)),--author "$(AUTHOR)")
 
 venv:
-	@PYTHON=$(PYTHON) tools/venv.sh
+	@PYTHON=$(PYTHON) tools/venv.sh pins/$(P)
 
 # Both wheels build with setuptools alone (fetched into pip's isolated build
-# environment under the constraints): no test environment needed.
-wheel: check
-	@rm -rf dist build/wheel-src build/bdist* build/lib
-	@PIP_CONSTRAINT=$(CURDIR)/constraints.txt $(PYTHON) -m pip wheel --quiet --no-deps -w dist . ./python
+# environment under the constraints): no test environment needed. A wheel-only
+# pin's forked wheel is upstream's wheel repacked with the series.
+wheel:
+	@$(DEVTOOLS) --pin $(P) check
+	@rm -rf build/$(P)/wheel-src build/bdist* build/lib $(WHEEL) $(LIB_WHEEL)
+	@mkdir -p dist
+ifeq ($(UPSTREAM_WHEEL),)
+	@RLSYNC_PIN=$(P) PIP_CONSTRAINT=$(CURDIR)/pins/$(P)/constraints.txt $(PYTHON) -m pip wheel --quiet --no-deps -w dist .
+else
+	@$(DEVTOOLS) --pin $(P) wheel --dist dist >/dev/null
+endif
+	@PIP_CONSTRAINT=$(CURDIR)/pins/$(P)/constraints.txt $(PYTHON) -m pip wheel --quiet --no-deps -w dist ./python
 	@rm -rf *.egg-info python/*.egg-info python/build
-	@ls dist/*.whl
+	@ls $(WHEEL) $(LIB_WHEEL)
 
 install: venv wheel
 	@$(VENV_PY) -m pip install --quiet --no-deps --force-reinstall $(WHEEL) $(LIB_WHEEL)
 
-test: install
-	@$(VENV_PY) -m pytest $(PYTEST_ARGS)
+# Every pin in turn (PIN=<version>: one), each in its own environment.
+test:
+	@set -e; for p in $(or $(PIN),$(PINS)); do $(MAKE) --no-print-directory test-pin PIN=$$p; done
+
+test-pin: install
+	@echo "=== SGLang $(P): $(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)"
+	@$(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: install
-	@tools/test-fast.sh $(PYTEST_ARGS)
+	@VENV_PY=$(VENV_PY) tools/test-fast.sh $(PYTEST_ARGS)
 
 format:
 	@$(VENV_PY) -m black python devtools harness tests bench setup.py

@@ -1,11 +1,14 @@
-"""The forked wheel: sglang <pin>+rlsync.<n> = pristine sdist + patch series,
-nothing else (the trainer library is its own distribution, `python/`).
+"""The forked wheel of a pin made from an sdist: sglang <pin>+rlsync.<n> =
+pristine sdist + patch series, nothing else (the trainer library is its own
+distribution, `python/`; a wheel-only pin's forked wheel is upstream's wheel
+repacked, devtools/wheel.py).
 
-Build with `make wheel`: setuptools and the standard library only. Install
-requirements are read from the pinned sdist's metadata, so they are exactly
-upstream's.
+Build with `make wheel [PIN=<version>]` (RLSYNC_PIN names the pin; default the
+oldest): setuptools and the standard library only. Install requirements are
+read from the pinned sdist's metadata, so they are exactly upstream's.
 """
 
+import os
 import re
 import shutil
 import sys
@@ -71,8 +74,10 @@ def stage(layout: Layout) -> Path:
     return out
 
 
-layout = Layout(ROOT)
+layout = Layout(ROOT, os.environ.get("RLSYNC_PIN", ""))
 pin = layout.pin()
+if pin.wheel:
+    sys.exit(f"pin {pin.version} is wheel-only: `make wheel PIN={pin.version}`")
 src = stage(layout)
 install_requires, extras_require = upstream_requirements(
     layout.upstream_dir / "python" / "PKG-INFO"

@@ -1,7 +1,9 @@
 """Series maintenance and checkout operations, as `make` calls them.
 
-`make upstream|worktree|patches|overlay|check|apply|revert|pr-branch` run
-`python -m devtools <the same verb>` from the repository root.
+`make [PIN=<version>] upstream|worktree|patches|overlay|check|apply|revert|
+pr-branch` run `python -m devtools [--pin <version>] <the same verb>` from the
+repository root. Without a pin, `check` checks every pin and apply, revert
+and pr-branch take the pin of the tree's SGLang version.
 """
 
 from __future__ import annotations
@@ -10,12 +12,38 @@ import argparse
 import sys
 from pathlib import Path
 
-from devtools import checkout, series
+from devtools import checkout, series, wheel
 from devtools.pin import PinError
 
 
+def _root(args: argparse.Namespace) -> Path:
+    return series.find_root(Path(args.root) if args.root else None)
+
+
 def _layout(args: argparse.Namespace) -> series.Layout:
-    return series.Layout(series.find_root(Path(args.root) if args.root else None))
+    return series.Layout(_root(args), args.pin or "")
+
+
+def _layouts(args: argparse.Namespace) -> list[series.Layout]:
+    """The pin asked for, or every pin."""
+    if args.pin:
+        return [_layout(args)]
+    root = _root(args)
+    return [series.Layout(root, v) for v in series.pin_versions(root)]
+
+
+def _layout_for_tree(args: argparse.Namespace, tree: Path) -> series.Layout:
+    """The pin asked for, or the one matching the tree's SGLang version."""
+    if args.pin:
+        return _layout(args)
+    root = _root(args)
+    versions = series.pin_versions(root)
+    found = (checkout.detect_version(tree) or "").split("+")[0]
+    if found in versions:
+        return series.Layout(root, found)
+    # Raises, naming what the tree has and the versions the series is for.
+    checkout.check_tree(tree, series.Layout(root).pin(), versions)
+    raise AssertionError("unreachable")
 
 
 def cmd_upstream(args: argparse.Namespace) -> int:
@@ -50,20 +78,38 @@ def cmd_overlay(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    failed = False
+    for layout in _layouts(args):
+        series.ensure_upstream(layout)
+        problems = series.check(layout)
+        for problem in problems:
+            print(f"error: {layout.version}: {problem}", file=sys.stderr)
+        failed = failed or bool(problems)
+        if not problems:
+            print(
+                f"ok: {layout.version}: {len(layout.patches())} patches apply "
+                "cleanly; overlay and common modules match"
+            )
+    return 1 if failed else 0
+
+
+def cmd_wheel(args: argparse.Namespace) -> int:
     layout = _layout(args)
-    series.ensure_upstream(layout)
-    problems = series.check(layout)
-    for problem in problems:
-        print(f"error: {problem}", file=sys.stderr)
-    if problems:
+    if not layout.pin().wheel:
+        print(
+            f"error: pin {layout.version} is made from an sdist; its wheel is "
+            "built by setup.py (`make wheel`)",
+            file=sys.stderr,
+        )
         return 1
-    print(f"ok: {len(layout.patches())} patches apply cleanly; overlay matches")
+    series.ensure_upstream(layout)
+    print(wheel.build_forked_wheel(layout, Path(args.dist)))
     return 0
 
 
 def _checkout_cmd(fn):
     def run(args: argparse.Namespace) -> int:
-        layout = _layout(args)
+        layout = _layout_for_tree(args, Path(args.sglang_dir))
         extra = {"generated": checkout._generated_files(layout)}
         for name in ("branch", "author"):
             if getattr(args, name, None) is not None:
@@ -77,15 +123,24 @@ def _checkout_cmd(fn):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m devtools", description=__doc__)
     parser.add_argument("--root", help="rlsync repository (default: found from cwd)")
+    parser.add_argument(
+        "--pin",
+        metavar="VERSION",
+        help="the pin (pins/<VERSION>) to work on (default: the oldest; check: "
+        "every pin; apply, revert, pr-branch: the tree's version)",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (
-        ("upstream", cmd_upstream, "fetch, verify and unpack the pinned sdist"),
-        ("worktree", cmd_worktree, "build/work: pin + series as git commits"),
-        ("patches", cmd_patches, "re-export the series from build/work"),
+        ("upstream", cmd_upstream, "fetch, verify and unpack the pinned archive"),
+        ("worktree", cmd_worktree, "build/<pin>/work: pin + series as commits"),
+        ("patches", cmd_patches, "re-export the series from the worktree"),
         ("overlay", cmd_overlay, "regenerate overlay/ from pristine + series"),
         ("check", cmd_check, "fail on any drift between series and overlay"),
     ):
         sub.add_parser(name, help=text).set_defaults(fn=fn)
+    p = sub.add_parser("wheel", help="the forked wheel of a wheel-only pin")
+    p.add_argument("--dist", default="dist", help="output folder (default dist)")
+    p.set_defaults(fn=cmd_wheel)
     for name, fn, text in (
         ("apply", checkout.apply_series, "apply the series to an SGLang tree"),
         ("revert", checkout.revert_series, "remove the series from an SGLang tree"),
@@ -116,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (series.SeriesError, PinError) as e:
+    except (series.SeriesError, PinError, checkout.CheckoutError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # e.g. a tree or a cache this user cannot read

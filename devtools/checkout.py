@@ -196,7 +196,10 @@ def detect_version(tree: Path) -> str | None:
     return found[0] if found else None
 
 
-def check_tree(tree: Path, pin: Pin) -> Target:
+def check_tree(tree: Path, pin: Pin, supported: list[str] | None = None) -> Target:
+    """The tree, if it holds SGLang `pin.version`; else CheckoutError naming
+    the versions the series exists for (`supported`, default the pin's)."""
+    versions = ", ".join(supported or [pin.version])
     target = find_target(tree)
     infos = {_metadata_version(d / "METADATA") for d in _dist_infos(target.root)}
     if target.kind == "site-packages" and len(infos) > 1:
@@ -211,14 +214,14 @@ def check_tree(tree: Path, pin: Pin) -> Target:
         raise CheckoutError(
             f"{target.root}: cannot tell its SGLang version (no PKG-INFO, no "
             f"dist-info METADATA, no sglang/_version.py"
-            f"{tags if target.is_git else ''}); the series needs {pin.version}"
+            f"{tags if target.is_git else ''}); the series needs {versions}"
         )
     version, source = found
     if version.split("+")[0] != pin.version:
         raise CheckoutError(
             f"{target.root}: SGLang {version} found ({source}), but the series is "
-            f"for {pin.version}; use SGLang {pin.version} (in a git checkout: "
-            f"v{pin.version}, local commits on top are fine)"
+            f"for {versions}; use SGLang {versions.replace(', ', ' or ')} (in a "
+            f"git checkout: the release's tag, local commits on top are fine)"
         )
     return target
 
@@ -238,9 +241,10 @@ def _generated_for(patches: list[Path], given: dict[str, str] | None) -> dict:
         return {}
     try:
         root = series.find_root(patches[0].parent)
+        layout = series.Layout(root, patches[0].parent.parent.name)
     except SeriesError:
         return {}
-    return _generated_files(series.Layout(root))
+    return _generated_files(layout)
 
 
 def _check_generated(generated: dict[str, str], patched: list[str]) -> None:

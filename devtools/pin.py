@@ -1,4 +1,5 @@
-"""The pinned upstream release: read the pin file, fetch and verify its sdist.
+"""The pinned upstream release: read the pin file, fetch and verify its
+archive (the sdist, or for wheel-only releases the wheel).
 
 Standard library only, so `make check` works without the 12 GB stack.
 """
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,10 +29,16 @@ class Pin:
     sdist: str
     sha256: str
     series: int
+    wheel: str = ""
 
     @property
     def local_version(self) -> str:
         return f"{self.version}+rlsync.{self.series}"
+
+    @property
+    def archive(self) -> str:
+        """The pinned file: the wheel for wheel-only releases, else the sdist."""
+        return self.wheel or self.sdist
 
 
 def read_pin(path: Path) -> Pin:
@@ -43,11 +51,13 @@ def read_pin(path: Path) -> Pin:
         if not sep:
             raise PinError(f"{path}:{lineno}: expected 'key = value', got {line!r}")
         fields[key.strip()] = value.strip()
-    missing = [
-        k for k in ("name", "version", "sdist", "sha256", "series") if k not in fields
-    ]
+    missing = [k for k in ("name", "version", "sha256", "series") if k not in fields]
+    if "sdist" not in fields and "wheel" not in fields:
+        missing.append("sdist or wheel")
     if missing:
         raise PinError(f"{path}: missing {', '.join(missing)}")
+    if "sdist" in fields and "wheel" in fields:
+        raise PinError(f"{path}: name the sdist or the wheel, not both")
     try:
         series = int(fields["series"])
     except ValueError:
@@ -55,9 +65,10 @@ def read_pin(path: Path) -> Pin:
     return Pin(
         name=fields["name"],
         version=fields["version"],
-        sdist=fields["sdist"],
+        sdist=fields.get("sdist", ""),
         sha256=fields["sha256"].lower(),
         series=series,
+        wheel=fields.get("wheel", ""),
     )
 
 
@@ -74,7 +85,7 @@ def cache_dir() -> Path:
     return Path(base) / "rlsync"
 
 
-def verify_sdist(pin: Pin, path: Path) -> None:
+def verify_archive(pin: Pin, path: Path) -> None:
     actual = sha256_of(path)
     if actual != pin.sha256:
         raise PinError(
@@ -83,37 +94,61 @@ def verify_sdist(pin: Pin, path: Path) -> None:
         )
 
 
-def fetch_sdist(pin: Pin) -> Path:
-    """Download the pinned sdist from the package index (cached by hash)."""
+def _wheel_download_args(wheel: str) -> list[str]:
+    """pip arguments that fetch exactly this wheel on any machine: its
+    Python and platform tags, binaries only."""
+    parts = wheel.removesuffix(".whl").split("-")
+    python_tag, _abi, platform_tag = parts[-3:]
+    args = ["--only-binary", ":all:", "--implementation", python_tag[:2]]
+    args += ["--python-version", python_tag[2:]]
+    for platform in platform_tag.split("."):
+        args += ["--platform", platform]
+    return args
+
+
+def fetch_archive(pin: Pin) -> Path:
+    """Download the pinned sdist or wheel from the package index (cached by
+    hash)."""
     dest_dir = cache_dir() / "sdist" / pin.sha256
-    dest = dest_dir / pin.sdist
+    dest = dest_dir / pin.archive
     if dest.exists():
-        verify_sdist(pin, dest)
+        verify_archive(pin, dest)
         return dest
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
-        cmd += ["--no-binary", ":all:", "-d", tmp, f"{pin.name}=={pin.version}"]
+        if pin.wheel:
+            cmd += _wheel_download_args(pin.wheel)
+        else:
+            cmd += ["--no-binary", ":all:"]
+        cmd += ["-d", tmp, f"{pin.name}=={pin.version}"]
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / pin.sdist
+        got = Path(tmp) / pin.archive
         if not got.exists():
             raise PinError(
-                f"could not download {pin.sdist} from the package index:\n"
+                f"could not download {pin.archive} from the package index:\n"
                 f"{proc.stdout}{proc.stderr}"
             )
-        verify_sdist(pin, got)
+        verify_archive(pin, got)
         dest_dir.mkdir(parents=True, exist_ok=True)
         shutil.move(str(got), dest)
     return dest
 
 
-def unpack_sdist(pin: Pin, sdist: Path, dest: Path) -> None:
-    """Unpack the sdist so that `dest` holds its top folder's contents."""
-    verify_sdist(pin, sdist)
+def unpack_archive(pin: Pin, archive: Path, dest: Path) -> None:
+    """Unpack the sdist so that `dest` holds its top folder's contents, or
+    the wheel so that `dest` holds its package and dist-info (the layout of
+    the repository's python/ folder)."""
+    verify_archive(pin, archive)
     if dest.exists():
         shutil.rmtree(dest)
-    top = sdist.name.removesuffix(".tar.gz")
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        with tarfile.open(sdist) as tar:
+        if pin.wheel:
+            with zipfile.ZipFile(archive) as whl:
+                whl.extractall(Path(tmp) / "python")
+            shutil.move(str(Path(tmp) / "python"), dest)
+            return
+        top = archive.name.removesuffix(".tar.gz")
+        with tarfile.open(archive) as tar:
             if hasattr(tarfile, "data_filter"):
                 tar.extractall(tmp, filter="data")
             else:

@@ -1,8 +1,11 @@
 """The patch series against pinned SGLang: the one source of truth.
 
-`patches/series` lists `NNNN-name.patch` files in `git format-patch` form. The
-overlay (`overlay/python/...`) is generated from pristine + series and checked
-for drift; the developer worktree (`build/work`) is a git repository at the pin
+Each pin (`pins/<version>/`: `upstream.pin`, `patches/`, `overlay/`) has its
+own series: `patches/series` lists `NNNN-name.patch` files in `git
+format-patch` form. The overlay (`overlay/python/...`) is generated from
+pristine + series and checked for drift; the modules every pin shares live
+once in `common/`, and each pin's series must build them byte-identical. The
+developer worktree (`build/<version>/work`) is a git repository at the pin
 with the series applied as commits, exported back deterministically.
 
 Standard library and git only.
@@ -20,7 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.pin import Pin, fetch_sdist, read_pin, sha256_of, unpack_sdist
+from devtools.pin import Pin, fetch_archive, read_pin, sha256_of, unpack_archive
 
 # Fixed so that exporting an unchanged series gives byte-identical files.
 PATCH_DATE = "Sat, 1 Jan 2000 00:00:00 +0000"
@@ -68,19 +71,60 @@ def git(
     return proc
 
 
+PINS_DIR = "pins"
+# The version each pin directory is named by; the oldest is the default.
+_VERSION_KEY = re.compile(r"\d+|\D+")
+
+
+def version_key(version: str) -> tuple:
+    return tuple(
+        (0, int(part)) if part.isdigit() else (1, part)
+        for part in _VERSION_KEY.findall(version)
+    )
+
+
+def pin_versions(root: Path) -> list[str]:
+    """The pins this checkout carries (pins/<version>/upstream.pin), oldest
+    first."""
+    found = [
+        d.name for d in (root / PINS_DIR).iterdir() if (d / "upstream.pin").is_file()
+    ]
+    return sorted(found, key=version_key)
+
+
 @dataclass(frozen=True)
 class Layout:
-    """Where things live in an rlsync checkout."""
+    """Where things live in an rlsync checkout, for one pin: its pin file,
+    series and overlay under pins/<version>/, its build products under
+    build/<version>/. Without a version: the oldest pin."""
 
     root: Path
+    version: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.version:
+            versions = pin_versions(self.root)
+            if not versions:
+                raise SeriesError(f"{self.root / PINS_DIR}: no pins")
+            object.__setattr__(self, "version", versions[0])
+        elif not (self.root / PINS_DIR / self.version / "upstream.pin").is_file():
+            known = ", ".join(pin_versions(self.root)) or "none"
+            raise SeriesError(
+                f"no pin {self.version} (pins/{self.version}/upstream.pin); "
+                f"this checkout has: {known}"
+            )
+
+    @property
+    def pin_dir(self) -> Path:
+        return self.root / PINS_DIR / self.version
 
     @property
     def pin_file(self) -> Path:
-        return self.root / "upstream.pin"
+        return self.pin_dir / "upstream.pin"
 
     @property
     def patches_dir(self) -> Path:
-        return self.root / "patches"
+        return self.pin_dir / "patches"
 
     @property
     def series_file(self) -> Path:
@@ -88,15 +132,20 @@ class Layout:
 
     @property
     def overlay_dir(self) -> Path:
-        return self.root / "overlay"
+        return self.pin_dir / "overlay"
+
+    @property
+    def common_dir(self) -> Path:
+        """The version-independent modules, one copy for every pin."""
+        return self.root / COMMON_DIR
 
     @property
     def build_dir(self) -> Path:
-        return self.root / "build"
+        return self.root / "build" / self.version
 
     @property
     def upstream_dir(self) -> Path:
-        """Pristine tree; the sdist is unpacked as its `python/` folder."""
+        """Pristine tree: the sdist, or the wheel's package, as `python/`."""
         return self.build_dir / "upstream"
 
     @property
@@ -113,10 +162,10 @@ class Layout:
 def find_root(start: Path | None = None) -> Path:
     here = (start or Path.cwd()).resolve()
     for cand in (here, *here.parents):
-        if (cand / "upstream.pin").is_file() and (cand / "patches").is_dir():
+        if (cand / PINS_DIR).is_dir() and pin_versions(cand):
             return cand
     raise SeriesError(
-        f"no rlsync checkout (upstream.pin + patches/) at or above {here}"
+        f"no rlsync checkout (pins/<version>/upstream.pin) at or above {here}"
     )
 
 
@@ -358,7 +407,7 @@ def check_each_patch_alone(layout: Layout, patches: list[Path]) -> list[str]:
 # --- generated modules ------------------------------------------------------
 
 # What the server reports at /rlsync_info: written into every tree the series
-# is built into (overlay, wheel, `make apply`, build/work), never patched.
+# is built into (overlay, wheel, `make apply`, the worktree), never patched.
 SERIES_MODULE = "python/sglang/srt/weight_sync/_series.py"
 
 
@@ -379,7 +428,7 @@ def series_module_text(layout: Layout, patches: list[Path] | None = None) -> str
         "\n"
         f"SERIES = {int(pin.series)}\n"
         f'PIN = {{"name": {json.dumps(pin.name)}, "version": {json.dumps(pin.version)}}}\n'
-        f"FEATURES = (\n{features})\n"
+        f"FEATURES = ({chr(10) + features if features else ''})\n"
     )
 
 
@@ -435,17 +484,18 @@ def patched_tree(
 
 
 def ensure_upstream(layout: Layout) -> Path:
-    """Unpack the verified pinned sdist as build/upstream/python (once)."""
+    """Unpack the verified pinned archive as build/<version>/upstream/python
+    (once)."""
     pin = layout.pin()
-    stamp = layout.upstream_dir / ".sdist-sha256"
+    stamp = layout.upstream_dir / ".archive-sha256"
     if stamp.is_file() and stamp.read_text().strip() == pin.sha256:
         return layout.upstream_dir
-    sdist = fetch_sdist(pin)
+    archive = fetch_archive(pin)
     if layout.upstream_dir.exists():
         shutil.rmtree(layout.upstream_dir)
     layout.upstream_dir.mkdir(parents=True)
-    unpack_sdist(pin, sdist, layout.upstream_dir / "python")
-    stamp.write_text(sha256_of(sdist) + "\n")
+    unpack_archive(pin, archive, layout.upstream_dir / "python")
+    stamp.write_text(sha256_of(archive) + "\n")
     return layout.upstream_dir
 
 
@@ -453,22 +503,64 @@ def ensure_upstream(layout: Layout) -> Path:
 
 
 def regenerate_overlay(layout: Layout) -> list[str]:
+    """The pin's overlay from pristine + series; the modules every pin shares
+    are written to common/ instead (this pin's series is where they were
+    edited: `make check` then shows the other pins that must follow)."""
+    common = set(common_files(layout))
     with tempfile.TemporaryDirectory() as tmp:
         files = patched_tree(layout, Path(tmp))
         if layout.overlay_dir.exists():
             shutil.rmtree(layout.overlay_dir)
         for rel in files:
-            dst = layout.overlay_dir / rel
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(Path(tmp) / rel, dst)
+            base = layout.common_dir if rel in common else layout.overlay_dir
+            (base / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(Path(tmp) / rel, base / rel)
     write_generated(layout, layout.overlay_dir)
     regenerate_vendored(layout)
     return files
 
 
+# --- modules every pin shares ---------------------------------------------
+
+# The version-independent modules of the series (receiver, digest, checksum,
+# health tracking, redaction, ...): one copy under common/, by series path.
+# Each pin's series adds them (a pull request must be whole); `make check`
+# fails when a pin's series builds a different file.
+COMMON_DIR = "common"
+
+
+def common_files(layout: Layout) -> list[str]:
+    if not layout.common_dir.is_dir():
+        return []
+    return sorted(
+        p.relative_to(layout.common_dir).as_posix()
+        for p in layout.common_dir.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    )
+
+
+def check_common(layout: Layout, built: Path, files: list[str]) -> list[str]:
+    """Every shared module this pin's series builds is byte-identical to
+    common/ (`built`: pristine + series for `files`)."""
+    problems = []
+    for rel in sorted(set(files) & set(common_files(layout))):
+        expected = (built / rel).read_bytes()
+        actual = (layout.common_dir / rel).read_bytes()
+        if expected != actual:
+            problems.append(
+                f"{COMMON_DIR}/{rel}: differs from what the {layout.version} series "
+                f"builds (a shared module is the same on every pin: bring the "
+                f"series to it in build/{layout.version}/work, or regenerate it "
+                f"with `make PIN={layout.version} overlay` and update the other "
+                f"pins)\n" + _first_difference(rel, expected, actual, COMMON_DIR)
+            )
+    return problems
+
+
 # Modules of the series that the trainer library carries as generated copies
 # (standard library only): copy -> overlay source. `make overlay` writes them;
-# `make check` fails on drift. Edit the source in build/work, never the copy.
+# `make check` fails on drift. Edit the source in build/<version>/work, never
+# the copy.
 VENDORED = {
     "python/rlsync/digest.py": "python/sglang/srt/weight_sync/digest.py",
     "python/rlsync/update_group_net.py": (
@@ -478,8 +570,8 @@ VENDORED = {
 
 
 def vendored_text(layout: Layout, source: str) -> str:
-    header = f"# Generated from overlay/{source} by `make overlay`; do not edit.\n"
-    return header + (layout.overlay_dir / source).read_text()
+    header = f"# Generated from {COMMON_DIR}/{source} by `make overlay`; do not edit.\n"
+    return header + (layout.common_dir / source).read_text()
 
 
 def regenerate_vendored(layout: Layout) -> list[str]:
@@ -493,14 +585,21 @@ def check_vendored(layout: Layout) -> list[str]:
     problems = []
     for copy, source in VENDORED.items():
         path = layout.root / copy
-        if not (layout.overlay_dir / source).is_file():
-            problems.append(f"{copy}: its source overlay/{source} is missing")
+        if not (layout.common_dir / source).is_file():
+            problems.append(f"{copy}: its source {COMMON_DIR}/{source} is missing")
         elif not path.is_file() or path.read_text() != vendored_text(layout, source):
             problems.append(
-                f"{copy}: differs from overlay/{source} (edit build/work, "
-                f"then `make patches overlay`)"
+                f"{copy}: differs from {COMMON_DIR}/{source} (edit "
+                f"build/<version>/work, then `make patches overlay`)"
             )
     return problems
+
+
+def built_file(layout: Layout, rel: str) -> Path:
+    """Where a file the series builds is kept: common/ for the modules every
+    pin shares, else the pin's overlay."""
+    shared = layout.common_dir / rel
+    return shared if shared.is_file() else layout.overlay_dir / rel
 
 
 def overlay_files(layout: Layout) -> list[str]:
@@ -513,13 +612,19 @@ def overlay_files(layout: Layout) -> list[str]:
     )
 
 
-def _first_difference(rel: str, expected: bytes, actual: bytes) -> str:
+def _first_difference(
+    rel: str, expected: bytes, actual: bytes, where: str = "overlay"
+) -> str:
     exp = expected.decode(errors="replace").splitlines(keepends=True)
     act = actual.decode(errors="replace").splitlines(keepends=True)
     diff = list(
-        difflib.unified_diff(exp, act, f"pristine+series/{rel}", f"overlay/{rel}", n=1)
+        difflib.unified_diff(exp, act, f"pristine+series/{rel}", f"{where}/{rel}", n=1)
     )
     return "".join(diff[:12]).rstrip() or "(differs only in line endings or bytes)"
+
+
+def _shown(layout: Layout, path: Path) -> str:
+    return path.relative_to(layout.root).as_posix()
 
 
 def check(layout: Layout) -> list[str]:
@@ -529,6 +634,7 @@ def check(layout: Layout) -> list[str]:
     except SeriesError as e:
         return [str(e)]
     problems: list[str] = []
+    overlay = _shown(layout, layout.overlay_dir)
     for patch in patches:
         problems.extend(lint_patch(patch))
     with tempfile.TemporaryDirectory() as tmp:
@@ -537,23 +643,31 @@ def check(layout: Layout) -> list[str]:
         except SeriesError as e:
             return problems + [str(e)]
         present = set(overlay_files(layout))
+        common = set(common_files(layout))
+        problems.extend(check_common(layout, Path(tmp), files))
+        for rel in sorted(present & common):
+            problems.append(
+                f"{overlay}/{rel}: a shared module; it lives in {COMMON_DIR}/ only"
+            )
         for rel in files:
+            if rel in common:
+                continue
             if rel not in present:
                 problems.append(
-                    f"overlay/{rel}: missing (a patch touches it; run `make overlay`)"
+                    f"{overlay}/{rel}: missing (a patch touches it; run `make overlay`)"
                 )
                 continue
             expected = (Path(tmp) / rel).read_bytes()
             actual = (layout.overlay_dir / rel).read_bytes()
             if expected != actual:
                 problems.append(
-                    f"overlay/{rel}: differs from pristine + series "
-                    f"(edit build/work and run `make patches overlay`)\n"
+                    f"{overlay}/{rel}: differs from pristine + series (edit "
+                    f"{_shown(layout, layout.work_dir)} and run `make patches overlay`)\n"
                     + _first_difference(rel, expected, actual)
                 )
         generated = generated_files(layout)
         for rel in sorted(present - set(files) - set(generated)):
-            problems.append(f"overlay/{rel}: no patch touches this file")
+            problems.append(f"{overlay}/{rel}: no patch touches this file")
     problems.extend(check_generated(layout))
     problems.extend(check_each_patch_alone(layout, patches))
     problems.extend(check_library_version(layout))
@@ -566,13 +680,14 @@ def check_generated(layout: Layout) -> list[str]:
     """The overlay holds the generated modules as the series and the pin
     say now (the series number /rlsync_info reports is the pin's)."""
     problems = []
+    overlay = _shown(layout, layout.overlay_dir)
     for rel, text in generated_files(layout).items():
         path = layout.overlay_dir / rel
         if not path.is_file():
-            problems.append(f"overlay/{rel}: missing (generated; run `make overlay`)")
+            problems.append(f"{overlay}/{rel}: missing (generated; run `make overlay`)")
         elif path.read_text() != text:
             problems.append(
-                f"overlay/{rel}: differs from what the series and upstream.pin "
+                f"{overlay}/{rel}: differs from what the series and upstream.pin "
                 f"generate (run `make overlay`)\n"
                 + _first_difference(rel, text.encode(), path.read_bytes())
             )
@@ -644,7 +759,8 @@ def check_library_version(layout: Layout) -> list[str]:
 
 
 def make_worktree(layout: Layout) -> Path:
-    """build/work: a git repository at the pin, one commit per patch."""
+    """build/<version>/work: a git repository at the pin, one commit per
+    patch."""
     pristine = ensure_upstream(layout)
     work = layout.work_dir
     if work.exists():
@@ -658,7 +774,8 @@ def make_worktree(layout: Layout) -> Path:
     shutil.copytree(pristine / "python", work / "python")
     git(work, "add", "--all", "--force", "python")
     pin = layout.pin()
-    message = f"{pin.name} {pin.version} (pristine sdist {pin.sha256[:12]})"
+    kind = "wheel" if pin.wheel else "sdist"
+    message = f"{pin.name} {pin.version} (pristine {kind} {pin.sha256[:12]})"
     git(
         work,
         "commit",
@@ -670,7 +787,7 @@ def make_worktree(layout: Layout) -> Path:
     )
     git(work, "tag", "upstream")
     # Generated, never committed: a tree to run servers from
-    # (RLSYNC_SGLANG_TREE=build/work/python) needs them.
+    # (RLSYNC_SGLANG_TREE=build/<version>/work/python) needs them.
     (work / ".git" / "info").mkdir(parents=True, exist_ok=True)
     (work / ".git" / "info" / "exclude").write_text(
         "".join(f"/{rel}\n" for rel in generated_files(layout))
@@ -692,7 +809,7 @@ FORMAT_PATCH = (
 
 
 def export_patches(layout: Layout) -> list[Path]:
-    """Re-export build/work's commits since the pin as the series."""
+    """Re-export build/<version>/work's commits since the pin as the series."""
     work = layout.work_dir
     if not (work / ".git").is_dir():
         raise SeriesError(f"{work}: no worktree; run `make worktree` first")

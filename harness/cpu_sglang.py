@@ -22,7 +22,20 @@ from harness import netns
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build"
-PRISTINE_PYTHON = BUILD / "upstream" / "python"
+
+
+def sglang_version() -> str:
+    """The release of the SGLang this interpreter has (its pin), without the
+    series' local version."""
+    from importlib.metadata import version
+
+    return version("sglang").split("+")[0]
+
+
+def pristine_python() -> Path:
+    """The pin's pristine tree (`make upstream`), as the repository's python/."""
+    return BUILD / sglang_version() / "upstream" / "python"
+
 
 _STUB_HEADER = """\
 /* Generated: every CUDA driver entry point sgl_kernel links against, each
@@ -54,7 +67,8 @@ _GCC_SHARED_LIBCUDA = ["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1"]
 
 
 def build_stub_libcuda(python: str = sys.executable) -> Path:
-    """Build build/stub-cuda/libcuda.so.1 from the installed kernel library."""
+    """Build build/stub-cuda/<version>/libcuda.so.1 from the installed kernel
+    library."""
     site = subprocess.run(
         [python, "-c", _PRINT_SGL_KERNEL_DIR],
         capture_output=True,
@@ -63,7 +77,7 @@ def build_stub_libcuda(python: str = sys.executable) -> Path:
     ).stdout.strip()
     libs = sorted(Path(site).rglob("*.so"))
     symbols = _undefined_cuda_symbols(libs)
-    out_dir = BUILD / "stub-cuda"
+    out_dir = BUILD / "stub-cuda" / sglang_version()
     out_dir.mkdir(parents=True, exist_ok=True)
     source = _STUB_HEADER + "".join(
         f"int {s}(void) {{ return 100; }}\n" for s in symbols
@@ -127,10 +141,10 @@ def server_env(stub_dir: Path, tp: int, pristine: bool = False) -> dict[str, str
         TRANSFORMERS_OFFLINE="1",
     )
     if pristine:
-        # Upstream 0.5.10 from the same environment: the unpacked sdist shadows
-        # the installed (patched) package.
+        # Upstream's release from the same environment: the unpacked pristine
+        # archive shadows the installed (patched) package.
         env["PYTHONPATH"] = os.pathsep.join(
-            filter(None, [str(PRISTINE_PYTHON), env.get("PYTHONPATH")])
+            filter(None, [str(pristine_python()), env.get("PYTHONPATH")])
         )
     elif env.get("RLSYNC_SGLANG_TREE"):
         # A developer's tree (e.g. build/work/python) shadows the installed

@@ -19,6 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "build"
 LOGS = BUILD / "logs"
 _counter = itertools.count()
+# The pin under test: the SGLang release this interpreter's environment has.
+ACTIVE_PIN = cpu_sglang.sglang_version()
+
+
+def active_pin():
+    from devtools.pin import read_pin
+
+    return read_pin(ROOT / "pins" / ACTIVE_PIN / "upstream.pin")
 
 
 # --- markers: `make test-fast` runs the tests with neither `server` nor `build`
@@ -97,10 +105,11 @@ def tiny_model() -> Path:
 
 @pytest.fixture(scope="session")
 def upstream_tree() -> Path:
-    """build/upstream (pristine sdist as python/), fetched once."""
+    """build/<pin>/upstream (the pin's pristine archive as python/), fetched
+    once."""
     from devtools.series import Layout, ensure_upstream
 
-    return ensure_upstream(Layout(ROOT))
+    return ensure_upstream(Layout(ROOT, ACTIVE_PIN))
 
 
 def _start(request, tiny_model, tp, pristine, extra_args, env=None, name=None, **kw):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from devtools.pin import read_pin
+from conftest import active_pin
 from harness.cpu_sglang import free_port
 from rlsync import client
 from rlsync.sender import Engine, SyncError, WeightSender
@@ -143,7 +143,7 @@ def test_no_answer_or_log_line_carries_a_key(start_server):
         assert all(
             s.get("api_key") in (None, "<redacted>") for s in body["internal_states"]
         )
-        assert body["rlsync"]["series"] == read_pin(ROOT / "upstream.pin").series
+        assert body["rlsync"]["series"] == active_pin().series
     log = server.log()
     assert "server_args=ServerArgs(" in log and "admin_api_key=<redacted>" in log
     assert ADMIN_KEY not in log and USER_KEY not in log
@@ -165,9 +165,9 @@ def test_flag_wins_over_the_environment(start_server):
 
 def test_rlsync_info_on_the_patched_server(server_tp1):
     info = client.rlsync_info(server_tp1.url)
-    pin = read_pin(ROOT / "upstream.pin")
+    pin = active_pin()
     assert info["series"] == pin.series and info["version"] == pin.local_version
-    assert info["pin"] == {"name": "sglang", "version": "0.5.10"}
+    assert info["pin"] == {"name": "sglang", "version": pin.version}
     for feature in (
         "two_phase_weight_update",
         "weights_checksum",

@@ -90,7 +90,9 @@ def written() -> list[str]:
 
 def assert_matches_overlay(tree: Path) -> None:
     for rel in touched():
-        assert (tree / rel).read_bytes() == (LAYOUT.overlay_dir / rel).read_bytes(), rel
+        assert (tree / rel).read_bytes() == series.built_file(
+            LAYOUT, rel
+        ).read_bytes(), rel
 
 
 def status(tree: Path) -> str:
@@ -220,7 +222,7 @@ def test_pr_branch_has_one_commit_per_patch_and_leaves_checkout_alone(tree):
     assert status(tree) == ""
     for rel in touched():
         blob = sh(tree, "show", f"{branch}:{rel}").encode()
-        assert blob == (LAYOUT.overlay_dir / rel).read_bytes(), rel
+        assert blob == series.built_file(LAYOUT, rel).read_bytes(), rel
     again = make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>")
     assert again.returncode != 0 and "already exists" in again.stderr
 
@@ -268,7 +270,7 @@ def assert_overlay_at(package: Path) -> None:
     """The overlay's python/sglang/... files at package/..."""
     for rel in touched():
         mapped = package / Path(rel).relative_to("python/sglang")
-        assert mapped.read_bytes() == (LAYOUT.overlay_dir / rel).read_bytes(), rel
+        assert mapped.read_bytes() == series.built_file(LAYOUT, rel).read_bytes(), rel
 
 
 def force_three_way(tree: Path) -> tuple[Path, str]:
@@ -419,7 +421,7 @@ def test_unstaged_edits_survive_a_three_way_apply_and_its_revert(tree):
         if (LAYOUT.upstream_dir / rel).is_file()
         and tree / rel != target
         and (LAYOUT.upstream_dir / rel).read_text().splitlines()[-5:]
-        == (LAYOUT.overlay_dir / rel).read_text().splitlines()[-5:]
+        == series.built_file(LAYOUT, rel).read_text().splitlines()[-5:]
     )
     other.write_text(other.read_text() + "# another unstaged edit\n")
     before, before_status = files_of(tree), status(tree)

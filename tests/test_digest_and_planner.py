@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 import torch
 
+from conftest import ACTIVE_PIN
 from rlsync import digest as trainer_digest
 from rlsync.digest import digest_bytes, digest_tensors
 from rlsync.planner import bucket_budget, plan_buckets
@@ -27,10 +28,10 @@ DIGEST_MODULE = "sglang.srt.weight_sync.digest"
 
 
 def series_source(rel: str) -> Path:
-    """A series module's source: the developer worktree's copy where there
-    is one, else the overlay's."""
-    path = ROOT / "build" / "work" / rel
-    return path if path.is_file() else ROOT / "overlay" / rel
+    """A shared series module's source: the developer worktree's copy where
+    there is one, else common/'s."""
+    path = ROOT / "build" / ACTIVE_PIN / "work" / rel
+    return path if path.is_file() else ROOT / "common" / rel
 
 
 def load_source(name: str, path: Path) -> ModuleType:
@@ -77,8 +78,8 @@ def test_the_trainer_digest_is_the_generated_copy_of_the_servers():
     drift), and the receiver checks buckets with the server's module."""
     text = Path(trainer_digest.__file__).read_text()
     header, body = text.split("\n", 1)
-    assert header.startswith("# Generated from overlay/" + DIGEST)
-    assert body == (ROOT / "overlay" / DIGEST).read_text()
+    assert header.startswith("# Generated from common/" + DIGEST)
+    assert body == (ROOT / "common" / DIGEST).read_text()
     assert trainer_digest.DIGEST_ALGORITHM == server.DIGEST_ALGORITHM == "psum61"
     assert server.digest_bytes is sys.modules["digest_source"].digest_bytes
 

@@ -12,25 +12,29 @@ from pathlib import Path
 import pytest
 
 from devtools import series
-from devtools.pin import Pin, PinError, read_pin, unpack_sdist
+from devtools.pin import Pin, PinError, read_pin, unpack_archive
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
 def scratch(tmp_path, upstream_tree) -> series.Layout:
-    """A copy of this checkout's series and overlay, sharing build/upstream."""
+    """A copy of this checkout's oldest pin (series and overlay) and common/,
+    sharing its pristine tree."""
+    layout = series.Layout(ROOT)
     root = tmp_path / "rlsync"
-    root.mkdir()
-    shutil.copy(ROOT / "upstream.pin", root)
-    shutil.copytree(ROOT / "patches", root / "patches")
-    shutil.copytree(ROOT / "overlay", root / "overlay")
+    pin_dir = root / "pins" / layout.version
+    pin_dir.mkdir(parents=True)
+    shutil.copy(layout.pin_file, pin_dir)
+    shutil.copytree(layout.patches_dir, pin_dir / "patches")
+    shutil.copytree(layout.overlay_dir, pin_dir / "overlay")
+    shutil.copytree(layout.common_dir, root / series.COMMON_DIR)
     for copy in (*series.VENDORED, series.LIBRARY_INIT, series.LIBRARY_SENDER):
         (root / copy).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / copy, root / copy)
-    (root / "build").mkdir()
-    (root / "build" / "upstream").symlink_to(upstream_tree)
-    return series.Layout(root)
+    (root / "build" / layout.version).mkdir(parents=True)
+    (root / "build" / layout.version / "upstream").symlink_to(upstream_tree)
+    return series.Layout(root, layout.version)
 
 
 def run_check(layout: series.Layout) -> subprocess.CompletedProcess:
@@ -53,7 +57,8 @@ def test_make_check_passes_on_this_checkout():
         ["make", "-s", "check"], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stderr
-    assert "overlay matches" in proc.stdout
+    for version in series.pin_versions(ROOT):
+        assert f"ok: {version}: " in proc.stdout
 
 
 def test_series_is_not_empty_and_every_patch_is_linted_clean():
@@ -192,7 +197,7 @@ def test_export_refuses_uncommitted_changes(scratch):
 def test_series_number_bump_without_the_generated_module_fails_check(scratch):
     """/rlsync_info reports the series the wheel is versioned with: the
     generated module follows the pin, and `make overlay` rewrites it."""
-    pin = scratch.root / "upstream.pin"
+    pin = scratch.pin_file
     pin.write_text(
         pin.read_text().replace(f"series = {scratch.pin().series}", "series = 99")
     )
@@ -313,28 +318,38 @@ def test_a_hand_edited_generated_copy_fails_check(scratch):
         path.write_text(path.read_text() + "# edited by hand\n")
         proc = run_check(scratch)
         assert proc.returncode == 1
-        assert f"{copy}: differs from overlay/" in proc.stderr
+        assert f"{copy}: differs from common/" in proc.stderr
         series.regenerate_overlay(scratch)
         assert run_check(scratch).returncode == 0
 
 
-def test_pin_names_the_pinned_release():
-    pin = read_pin(ROOT / "upstream.pin")
-    assert (pin.name, pin.version) == ("sglang", "0.5.10")
-    assert len(pin.sha256) == 64
-    assert pin.local_version == f"0.5.10+rlsync.{pin.series}"
+def test_each_pin_names_its_release_and_archive():
+    pins = {
+        v: read_pin(ROOT / "pins" / v / "upstream.pin")
+        for v in series.pin_versions(ROOT)
+    }
+    assert list(pins) == ["0.5.10", "0.5.23"]
+    for version, pin in pins.items():
+        assert (pin.name, pin.version) == ("sglang", version)
+        assert len(pin.sha256) == 64
+        assert pin.local_version == f"{version}+rlsync.{pin.series}"
+    assert pins["0.5.10"].archive == "sglang-0.5.10.tar.gz"
+    # Releases after 0.5.10.post1 are wheels only.
+    assert pins["0.5.23"].archive.startswith("sglang-0.5.23-cp311-")
+    # One series, one number: the trainer library speaks it to every pin.
+    assert len({pin.series for pin in pins.values()}) == 1
 
 
 def test_sdist_hash_mismatch_stops_with_clear_error(tmp_path, upstream_tree):
     from devtools.pin import cache_dir
 
-    good = read_pin(ROOT / "upstream.pin")
+    good = read_pin(series.Layout(ROOT).pin_file)
     sdist = cache_dir() / "sdist" / good.sha256 / good.sdist
     bad = Pin(good.name, good.version, good.sdist, "0" * 64, good.series)
     with pytest.raises(
         PinError, match=r"sha256 mismatch for sglang-0.5.10.tar.gz: pin says 0{64}"
     ):
-        unpack_sdist(bad, sdist, tmp_path / "python")
+        unpack_archive(bad, sdist, tmp_path / "python")
     assert not (tmp_path / "python").exists()
 
 
@@ -380,3 +395,36 @@ def test_check_fails_on_a_feature_declared_twice_or_not_an_identifier(scratch):
     problems = series.check_features(scratch)
     assert any(f"Feature: {twice} is declared by {first.name}" in p for p in problems)
     assert any("'Rank-Results' is not a lowercase identifier" in p for p in problems)
+
+
+def test_a_shared_module_edited_in_common_fails_check_naming_the_pin(scratch):
+    """A shared module is one file for every pin: a copy that differs from
+    what a pin's series builds is drift, whichever side was edited."""
+    rel = "python/sglang/srt/weight_sync/staged_receiver.py"
+    assert rel in series.common_files(scratch)
+    path = scratch.common_dir / rel
+    path.write_text(path.read_text() + "# edited by hand\n")
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"common/{rel}: differs from what the 0.5.10 series builds" in proc.stderr
+    series.regenerate_overlay(scratch)  # the pin's series is the source
+    assert run_check(scratch).returncode == 0, run_check(scratch).stderr
+    assert "# edited by hand" not in path.read_text()
+
+
+def test_a_shared_module_kept_in_a_pins_overlay_fails_check(scratch):
+    rel = "python/sglang/srt/weight_sync/digest.py"
+    copy = scratch.overlay_dir / rel
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(scratch.common_dir / rel, copy)
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"pins/0.5.10/overlay/{rel}: a shared module" in proc.stderr
+
+
+def test_no_pins_overlay_repeats_a_shared_module():
+    for version in series.pin_versions(ROOT):
+        layout = series.Layout(ROOT, version)
+        assert not set(series.overlay_files(layout)) & set(
+            series.common_files(layout)
+        ), version

@@ -23,28 +23,43 @@ def test_black_version_is_upstreams():
     assert "black, 24.10.0" in run("black", "--version").stdout
 
 
+PIN_LAYOUTS = [series.Layout(ROOT, v) for v in series.pin_versions(ROOT)]
+
+
+def built_python_files() -> list[tuple[series.Layout, str]]:
+    """Every Python file the series builds: each pin's overlay, and the
+    shared modules once."""
+    files = [
+        (layout, rel)
+        for layout in PIN_LAYOUTS
+        for rel in series.overlay_files(layout)
+        if rel.endswith(".py")
+    ]
+    files += [
+        (LAYOUT, rel) for rel in series.common_files(LAYOUT) if rel.endswith(".py")
+    ]
+    return files
+
+
 def test_overlay_is_black_clean():
     files = [
-        str(LAYOUT.overlay_dir / f)
-        for f in series.overlay_files(LAYOUT)
-        if f.endswith(".py")
+        str(series.built_file(layout, rel)) for layout, rel in built_python_files()
     ]
     proc = run("black", "--check", "--quiet", *files)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_overlay_imports_sorted_where_upstream_was():
-    """isort must pass on every overlay file whose pristine version passes."""
+    """isort must pass on every built file whose pristine version passes."""
     bad = []
-    for rel in series.overlay_files(LAYOUT):
-        if not rel.endswith(".py"):
-            continue
-        pristine = LAYOUT.upstream_dir / rel
+    for layout, rel in built_python_files():
+        series.ensure_upstream(layout)
+        pristine = layout.upstream_dir / rel
         args = ("isort", "--check-only", "--profile", "black", "-p", "sglang")
         if pristine.is_file() and run(*args, str(pristine)).returncode != 0:
             continue  # upstream itself is not isort-clean here; keep its style
-        if run(*args, str(LAYOUT.overlay_dir / rel)).returncode != 0:
-            bad.append(rel)
+        if run(*args, str(series.built_file(layout, rel))).returncode != 0:
+            bad.append(f"{layout.version}: {rel}")
     assert not bad, f"imports not sorted as upstream sorts them: {bad}"
 
 

@@ -136,5 +136,5 @@ def test_the_whole_init_is_bounded_by_its_timeout():
 def test_the_trainer_carries_the_servers_module_unchanged():
     for copy, source in VENDORED.items():
         text = (ROOT / copy).read_text()
-        assert text.splitlines()[0].startswith("# Generated from overlay/")
-        assert text.split("\n", 1)[1] == (ROOT / "overlay" / source).read_text()
+        assert text.splitlines()[0].startswith("# Generated from common/")
+        assert text.split("\n", 1)[1] == (ROOT / "common" / source).read_text()

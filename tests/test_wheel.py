@@ -60,7 +60,7 @@ def test_wheel_ships_every_upstream_file_and_patched_ones(wheel, upstream_tree):
     assert upstream_files <= names
     for rel in series.series_files(LAYOUT.patches()):
         inner = Path(rel).relative_to("python").as_posix()
-        assert wheel.read(inner) == (LAYOUT.overlay_dir / rel).read_bytes(), inner
+        assert wheel.read(inner) == series.built_file(LAYOUT, rel).read_bytes(), inner
     # Pristine + overlay only: the trainer library is its own distribution.
     assert not [n for n in names if n.startswith("rlsync")]
     assert not [n for n in names if n.startswith("devtools")]

@@ -4,7 +4,7 @@
 # checkout tests in one, everything else in the other.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-py=.venv/bin/python
+py=${VENV_PY:-.venv-$(ls -v pins | head -1)/bin/python}
 marks="not server and not build"
 git_heavy=(tests/test_checkout.py tests/test_series.py tests/test_style.py)
 log=$(mktemp)

@@ -1,4 +1,4 @@
-# Generated from overlay/python/sglang/srt/weight_sync/digest.py by `make overlay`; do not edit.
+# Generated from common/python/sglang/srt/weight_sync/digest.py by `make overlay`; do not edit.
 """Bucket digests: the sender attaches one to each bucket of a two-phase
 weight update, and the receiver checks it before anything is applied.
 

@@ -1,4 +1,4 @@
-# Generated from overlay/python/sglang/srt/weight_sync/update_group_net.py by `make overlay`; do not edit.
+# Generated from common/python/sglang/srt/weight_sync/update_group_net.py by `make overlay`; do not edit.
 """The network an update group uses, and what to say when its rendezvous fails.
 
 A weight-update group spans the trainer and the engines, usually on different

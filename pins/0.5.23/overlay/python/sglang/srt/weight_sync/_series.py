@@ -1,0 +1,6 @@
+"""The weight-sync series built into this tree: generated from the
+series and its pin (each patch names its feature); do not edit."""
+
+SERIES = 7
+PIN = {"name": "sglang", "version": "0.5.23"}
+FEATURES = ()
