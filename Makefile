@@ -22,7 +22,7 @@ LIB_WHEEL := dist/rlsync-$(LIB_VERSION)-py3-none-any.whl
 PYTEST_ARGS ?=
 # A later pin's run leaves out what does not depend on the pin (tooling,
 # trainer library alone): the tests that start a server.
-PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m server)
+PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "server or per_pin")
 
 .PHONY: help upstream worktree patches overlay check apply revert pr-branch \
         venv wheel install test test-pin demo soak format clean bench-cpu

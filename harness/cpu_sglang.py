@@ -147,7 +147,7 @@ def server_env(stub_dir: Path, tp: int, pristine: bool = False) -> dict[str, str
             filter(None, [str(pristine_python()), env.get("PYTHONPATH")])
         )
     elif env.get("RLSYNC_SGLANG_TREE"):
-        # A developer's tree (e.g. build/work/python) shadows the installed
+        # A developer's tree (e.g. build/0.5.10/work/python) shadows the installed
         # wheel: try a change to the series before rebuilding the wheel.
         env["PYTHONPATH"] = str(Path(env["RLSYNC_SGLANG_TREE"]).resolve())
     else:

@@ -86,10 +86,33 @@ def _needs_a_server(item: pytest.Item) -> bool:
     )
 
 
+@functools.cache
+def active_features() -> frozenset[str]:
+    """The features of the pin under test's series (its patches' `Feature:`
+    lines), the ones its servers report at /rlsync_info."""
+    from devtools import series
+
+    layout = series.Layout(ROOT, ACTIVE_PIN)
+    return frozenset(series.series_features(layout.patches()))
+
+
+def _missing_features(item: pytest.Item) -> list[str]:
+    needed = [f for mark in item.iter_markers("needs") for f in mark.args]
+    return [f for f in needed if f not in active_features()]
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _needs_a_server(item):
             item.add_marker(pytest.mark.server)
+            missing = _missing_features(item)
+            if missing:
+                item.add_marker(
+                    pytest.mark.skip(
+                        reason=f"the {ACTIVE_PIN} series has no "
+                        f"{', '.join(missing)} (README: support matrix)"
+                    )
+                )
         function = getattr(item, "function", None)
         if function is not None and _source_matches(BUILDS, function):
             item.add_marker(pytest.mark.build)

@@ -555,3 +555,54 @@ def test_pr_branch_whose_commit_hook_refuses_leaves_no_branch(tree):
     assert files_of(tree) == before
     hook.unlink()
     assert make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>").returncode == 0
+
+
+def test_apply_takes_the_pin_of_the_trees_version(tmp_path):
+    """One `make apply` for every pin: an installed SGLang 0.5.23 (its
+    site-packages: package + dist-info) gets the 0.5.23 series, byte for byte
+    what that pin builds, and revert gives back the pristine files."""
+    newest = series.Layout(ROOT, series.pin_versions(ROOT)[-1])
+    assert newest.version != LAYOUT.version
+    pristine = series.ensure_upstream(newest) / "python"
+    site = tmp_path / "site-packages"
+    info = f"sglang-{newest.version}.dist-info"
+    shutil.copytree(pristine / info, site / info)
+    rels = series.series_files(newest.patches())
+    assert rels, "the newest pin's series is empty"
+    keep = ["sglang/__init__.py", "sglang/version.py", "sglang/_version.py"]
+    keep += [rel.removeprefix("python/") for rel in rels]
+    for rel in keep:
+        if (pristine / rel).is_file():
+            (site / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(pristine / rel, site / rel)
+    before = {p: p.read_bytes() for p in site.rglob("*") if p.is_file()}
+
+    proc = make("apply", site)
+    assert proc.returncode == 0, proc.stderr
+    assert f"applied {len(newest.patches())} patches to site-packages" in proc.stdout
+    for rel in rels:
+        built = series.built_file(newest, rel).read_bytes()
+        assert (site / rel.removeprefix("python/")).read_bytes() == built, rel
+    info_module = site / series.SERIES_MODULE.removeprefix("python/")
+    assert f'"version": "{newest.version}"' in info_module.read_text()
+
+    proc = make("revert", site)
+    assert proc.returncode == 0, proc.stderr
+    after = {p: p.read_bytes() for p in site.rglob("*") if p.is_file()}
+    assert after == before
+
+
+def test_apply_to_a_release_without_a_pin_names_every_pin(tmp_path):
+    site = tmp_path / "site-packages"
+    (site / "sglang").mkdir(parents=True)
+    (site / "sglang" / "__init__.py").write_text("")
+    (site / "sglang-0.5.17.dist-info").mkdir()
+    (site / "sglang-0.5.17.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n"
+    )
+    proc = make("apply", site)
+    assert proc.returncode != 0
+    versions = ", ".join(series.pin_versions(ROOT))
+    assert "SGLang 0.5.17 found" in proc.stderr
+    assert f"the series is for {versions}" in proc.stderr
+    assert not (site / series.SERIES_MODULE.removeprefix("python/")).exists()

@@ -21,12 +21,15 @@ import pytest
 from packaging.requirements import Requirement
 
 import rlsync
+from conftest import ACTIVE_PIN
 from devtools import series
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYOUT = series.Layout(ROOT)
+LAYOUT = series.Layout(ROOT, ACTIVE_PIN)
 PIN = LAYOUT.pin()
-WHEEL = ROOT / "dist" / f"sglang-{PIN.local_version}-py3-none-any.whl"
+# A wheel-only release's forked wheel keeps upstream's tags.
+TAGS = PIN.wheel.removesuffix(".whl").split("-", 2)[2] if PIN.wheel else "py3-none-any"
+WHEEL = ROOT / "dist" / f"sglang-{PIN.local_version}-{TAGS}.whl"
 LIB_WHEEL = ROOT / "dist" / f"rlsync-{rlsync.__version__}-py3-none-any.whl"
 
 
@@ -41,14 +44,26 @@ def wheel() -> zipfile.ZipFile:
     return zipfile.ZipFile(WHEEL)
 
 
+def upstream_metadata(upstream_tree: Path) -> str:
+    """The pristine archive's metadata: the sdist's PKG-INFO, or the wheel's
+    dist-info METADATA."""
+    pristine = upstream_tree / "python"
+    if PIN.wheel:
+        return (pristine / f"sglang-{PIN.version}.dist-info" / "METADATA").read_text()
+    return (pristine / "PKG-INFO").read_text()
+
+
+@pytest.mark.per_pin
 def test_wheel_requires_exactly_upstream(wheel, upstream_tree):
     meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
     ours = requires(wheel.read(meta).decode())
-    upstream = requires((upstream_tree / "python" / "PKG-INFO").read_text())
+    upstream = requires(upstream_metadata(upstream_tree))
     assert ours == upstream
     assert len(ours) > 50
+    assert f"Version: {PIN.local_version}\n" in wheel.read(meta).decode()
 
 
+@pytest.mark.per_pin
 def test_wheel_ships_every_upstream_file_and_patched_ones(wheel, upstream_tree):
     names = set(wheel.namelist())
     pristine = upstream_tree / "python"
@@ -58,6 +73,12 @@ def test_wheel_ships_every_upstream_file_and_patched_ones(wheel, upstream_tree):
         if p.is_file() and "__pycache__" not in p.parts
     }
     assert upstream_files <= names
+    if PIN.wheel:  # upstream's compiled extensions, byte for byte
+        extensions = [n for n in upstream_files if n.endswith(".so")]
+        assert extensions
+        for name in extensions:
+            assert wheel.read(name) == (pristine / name).read_bytes(), name
+        assert wheel.testzip() is None
     for rel in series.series_files(LAYOUT.patches()):
         inner = Path(rel).relative_to("python").as_posix()
         assert wheel.read(inner) == series.built_file(LAYOUT, rel).read_bytes(), inner

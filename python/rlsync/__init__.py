@@ -7,5 +7,5 @@ Importing the package is cheap; the trainer-side modules import torch lazily.
 # `/rlsync_info`, and the forked wheel is `sglang==<version>+rlsync.<SERIES>`.
 SERIES = 7
 # SGLang releases the series exists for.
-SGLANG_VERSIONS = ("0.5.10",)
+SGLANG_VERSIONS = ("0.5.10", "0.5.23")
 __version__ = "0.7.0"  # 0.<SERIES>.<n>: checked by `make check`
