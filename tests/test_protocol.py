@@ -100,3 +100,31 @@ def test_client_keeps_one_http_client_per_process(monkeypatch):
     assert client.http_client() is first  # built once: it costs ~17 ms
     monkeypatch.setattr(client.os, "getpid", lambda: -1)  # as in a forked child
     assert client.http_client() is not first
+
+
+def test_upstreams_checksum_answer_reads_as_the_series_answer():
+    """SGLang 0.5.23's own checksum action answers in another shape; the
+    client gives callers the series' shape, ranks in order."""
+    from rlsync.client import _upstream_checksum
+
+    def rank(tp_rank: int, overall: str) -> dict:
+        return {
+            "checksums": {"lm_head.weight": "00ff", "embed.weight": "0a0b"},
+            "per_gpu_checksum": overall,
+            "parallelism_info": {"role": "target", "tp_rank": tp_rank, "dp_rank": 0},
+        }
+
+    body = {
+        "success": True,
+        "message": "",
+        "ranks": [rank(1, "bb"), rank(0, "aa")],
+        "per_engine_checksum": "cc",
+    }
+    out = _upstream_checksum(body)
+    assert out["checksum"] == "sha256:cc" and out["source"] == "upstream"
+    assert [(r["rank"], r["checksum"]) for r in out["rank_results"]] == [
+        (0, "sha256:aa"),
+        (1, "sha256:bb"),
+    ]
+    assert out["num_tensors"] == 4
+    assert all(r["success"] for r in out["rank_results"])

@@ -555,6 +555,9 @@ def require_features(
 
 # --- weights checker (rlsync series) ----------------------------------------
 
+# Both answers' checksums carry it, so a checksum says how it was made.
+CHECKSUM_PREFIX = "sha256:"
+
 
 def weights_checksum(
     url: str,
@@ -564,9 +567,16 @@ def weights_checksum(
     api_key: Optional[str] = None,
 ) -> dict[str, Any]:
     """`/weights_checker` action "checksum": {"checksum", "num_tensors",
-    "num_bytes", "rank_results": [{"rank", "checksum", ...}]}. SHA256 over
-    every tensor's name, dtype, shape and bytes; inference on the server
-    waits while it runs. Comparable across servers of the same TP size."""
+    "rank_results": [{"rank", "checksum", "num_tensors", ...}], "source"}.
+    Inference on the server waits while it runs. Comparable across servers
+    of the same release, series and TP size.
+
+    Two answers are understood. The series' own action on 0.5.10 ("source":
+    "rlsync"): SHA256 over every tensor's name, dtype, shape and bytes, with
+    "num_bytes" per rank and in all. Upstream's action where SGLang has one
+    (0.5.23, "source": "upstream"): a hash of every persistent tensor's
+    (dequantized) bytes per rank and SHA256 over the ranks'; its per-tensor
+    hashes are kept per rank as "tensors"."""
     endpoint = "/weights_checker"
     body = call(
         url,
@@ -577,6 +587,42 @@ def weights_checksum(
         api_key=api_key,
     )
     body = _ok(url, endpoint, body)
+    if "per_engine_checksum" in body:
+        body = _upstream_checksum(body)
+    else:
+        body.setdefault("source", "rlsync")
     if "checksum" not in body or not body.get("rank_results"):
         raise EngineError(url, endpoint, 200, f"no checksum in {body!r}")
     return body
+
+
+def _upstream_checksum(body: dict[str, Any]) -> dict[str, Any]:
+    """Upstream's checksum answer ({"per_engine_checksum", "ranks": [{
+    "checksums", "per_gpu_checksum", "parallelism_info"}]}) in the series'
+    shape, so callers read one form."""
+    ranks = []
+    for entry in body.get("ranks") or []:
+        if not isinstance(entry, dict) or "per_gpu_checksum" not in entry:
+            continue
+        info = entry.get("parallelism_info") or {}
+        tensors = entry.get("checksums") or {}
+        ranks.append(
+            {
+                "rank": info.get("tp_rank", len(ranks)),
+                "dp_rank": info.get("dp_rank", 0),
+                "role": info.get("role", "target"),
+                "success": True,
+                "checksum": CHECKSUM_PREFIX + str(entry["per_gpu_checksum"]),
+                "num_tensors": len(tensors),
+                "tensors": tensors,
+            }
+        )
+    ranks.sort(key=lambda r: (r["dp_rank"], r["rank"]))
+    return {
+        "success": body.get("success", True),
+        "message": body.get("message", ""),
+        "checksum": CHECKSUM_PREFIX + str(body["per_engine_checksum"]),
+        "num_tensors": sum(r["num_tensors"] for r in ranks),
+        "rank_results": ranks,
+        "source": "upstream",
+    }
