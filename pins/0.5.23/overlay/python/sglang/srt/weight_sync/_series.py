@@ -3,4 +3,8 @@ series and its pin (each patch names its feature); do not edit."""
 
 SERIES = 7
 PIN = {"name": "sglang", "version": "0.5.23"}
-FEATURES = ()
+FEATURES = (
+    "two_phase_weight_update",
+    "rlsync_info",
+    "fused_cuda_digest",
+)
