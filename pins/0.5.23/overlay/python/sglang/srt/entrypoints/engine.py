@@ -160,6 +160,7 @@ from sglang.srt.utils.network import (
     get_zmq_socket,
     is_port_available,
 )
+from sglang.srt.utils.redaction import redact_server_args
 from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 from sglang.srt.utils.watchdog import SubprocessWatchdog
 from sglang.srt.weight_cache.daemon import spawn_weight_cache_daemon
@@ -1581,11 +1582,13 @@ class Engine(EngineScoreMixin, EngineBase):
         return msgspec_to_builtins(
             redact_watermark_secrets(
                 {
-                    **self.tokenizer_manager.server_args.resolved_dict(),
+                    **redact_server_args(
+                        self.tokenizer_manager.server_args.resolved_dict()
+                    ),
                     "launch_command": self.tokenizer_manager.server_args.launch_command,
                     **self._scheduler_init_result.scheduler_infos[0],
                     "startup_time": self.tokenizer_manager.startup_time,
-                    "internal_states": internal_states,
+                    "internal_states": [redact_server_args(s) for s in internal_states],
                     "version": __version__,
                     "rlsync": rlsync_info(),
                 }

@@ -151,8 +151,8 @@ from sglang.srt.managers.io_struct import (
     OpenSessionReqInput,
     ParseFunctionCallReq,
     PauseGenerationReqInput,
-    PrepareWeightsUpdateReqInput,
     PdRoleSwitchReqInput,
+    PrepareWeightsUpdateReqInput,
     ProfileReq,
     ReleaseMemoryOccupationReqInput,
     ResumeMemoryOccupationReqInput,
@@ -214,6 +214,7 @@ from sglang.srt.utils.json_response import (
     orjson_response,
 )
 from sglang.srt.utils.msgspec_utils import msgspec_to_builtins
+from sglang.srt.utils.redaction import redact_server_args
 from sglang.srt.utils.watchdog import SubprocessWatchdog
 from sglang.srt.weight_sync.request_limits import WeightUpdateBodyLimit
 from sglang.srt.weight_sync.rlsync_info import rlsync_info
@@ -893,7 +894,7 @@ async def server_info():
             {
                 **build_server_info(server_args, _global_state.scheduler_info),
                 "startup_time": _global_state.tokenizer_manager.startup_time,
-                "internal_states": internal_states,
+                "internal_states": [redact_server_args(s) for s in internal_states],
                 "version": __version__,
                 "frontend": "python",
                 "rlsync": rlsync_info(),

@@ -7,4 +7,5 @@ FEATURES = (
     "two_phase_weight_update",
     "rlsync_info",
     "fused_cuda_digest",
+    "secret_redaction",
 )
