@@ -38,7 +38,7 @@ import requests  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from harness.cpu_sglang import free_port, launch  # noqa: E402
+from harness.cpu_sglang import free_port, launch, sglang_version  # noqa: E402
 from harness.tiny_model import make_tiny_model  # noqa: E402
 from rlsync import client  # noqa: E402
 from rlsync.digest import digest_bytes  # noqa: E402
@@ -190,6 +190,16 @@ class Trainer:
         self.phases: dict[str, list[dict]] = {}
 
     def upstream(self, buckets, flats) -> int:
+        # 0.5.23: upstream's updates run inside its weight-update session.
+        opened = client.begin_weight_update(self.url)
+        calls = 2 if opened else 0
+        try:
+            return calls + self._upstream_buckets(buckets, flats)
+        finally:
+            if opened:
+                client.end_weight_update(self.url)
+
+    def _upstream_buckets(self, buckets, flats) -> int:
         calls = 0
         for bucket, flat in zip(buckets, flats):
             meta = bucket.meta()
@@ -380,6 +390,7 @@ def main() -> int:
             "torch": torch.__version__,
         },
         "date": datetime.date.today().isoformat(),
+        "sglang": sglang_version(),
         "model_bytes": model_bytes,
         "num_buckets": len(buckets),
         "bucket_bytes": args.bucket_mb << 20,
@@ -402,7 +413,8 @@ def main() -> int:
         "requests_failed_under_load": errors,
         "http_calls_upstream": up["http_calls"],
     }
-    dest = ROOT / "bench" / "results" / f"cpu-{out['date']}.json"
+    # One results file per pin: the same benchmark, each pin's server.
+    dest = ROOT / "bench" / "results" / f"cpu-{out['sglang']}-{out['date']}.json"
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(out, indent=2) + "\n")
     print(

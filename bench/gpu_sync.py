@@ -46,7 +46,7 @@ import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
-RECEIVER = ROOT / "overlay/python/sglang/srt/weight_sync/staged_receiver.py"
+RECEIVER = ROOT / "common/python/sglang/srt/weight_sync/staged_receiver.py"
 
 # Qwen2.5-7B: hidden 3584, MLP 18944, 28 layers, 4 KV heads of 128, vocab 152064.
 HIDDEN, INTER, LAYERS, KV, VOCAB = 3584, 18944, 28, 512, 152064

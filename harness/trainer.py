@@ -70,7 +70,21 @@ class GlooTrainer:
         self.sender.group = self.group
 
     def update_single_phase(self, named: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Upstream's path; inside upstream's weight-update session where the
+        release has one (0.5.23)."""
         named = list(named)
+        opened = [
+            url
+            for url in self.urls
+            if client.begin_weight_update(url, admin_key=self.admin_key)
+        ]
+        try:
+            self._broadcast_single_phase(named)
+        finally:
+            for url in opened:
+                client.end_weight_update(url, admin_key=self.admin_key)
+
+    def _broadcast_single_phase(self, named: list[tuple[str, torch.Tensor]]) -> None:
         futures = [
             _pool.submit(
                 client.update_weights_from_distributed,

@@ -1,7 +1,7 @@
 """Admin surface (patch 0006) on the real server: every admin endpoint needs
 the admin key, from the flag or from SGLANG_ADMIN_API_KEY; no answer or log
 line carries a key; /rlsync_info lets a trainer check support, and rlsync's
-client fails early against pristine 0.5.10."""
+client fails early against pristine upstream."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 import requests
+from conftest import ACTIVE_PIN, active_features, active_pin
 
-from conftest import active_pin
 from harness.cpu_sglang import free_port
 from rlsync import client
 from rlsync.sender import Engine, SyncError, WeightSender
 
 ROOT = Path(__file__).resolve().parents[1]
-HTTP_SERVER = ROOT / "overlay/python/sglang/srt/entrypoints/http_server.py"
+HTTP_SERVER = (
+    ROOT / "pins" / ACTIVE_PIN / "overlay/python/sglang/srt/entrypoints/http_server.py"
+)
 ADMIN_KEY, USER_KEY = "adm1n-s3cret-key", "us3r-s3cret-key"
 
 
@@ -75,6 +77,7 @@ def test_the_sweep_covers_the_weight_operations():
     assert len(paths) > 25
 
 
+@pytest.mark.needs("admin_api_key_env")
 @pytest.mark.parametrize("source", ["flag", "env"])
 def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_model):
     if source == "flag":
@@ -129,6 +132,7 @@ def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_mod
     assert gen.status_code == 200, gen.text
 
 
+@pytest.mark.needs("secret_redaction")
 def test_no_answer_or_log_line_carries_a_key(start_server):
     server = start_server(
         extra_args=["--admin-api-key", ADMIN_KEY, "--api-key", USER_KEY],
@@ -149,6 +153,7 @@ def test_no_answer_or_log_line_carries_a_key(start_server):
     assert ADMIN_KEY not in log and USER_KEY not in log
 
 
+@pytest.mark.needs("admin_api_key_env")
 def test_flag_wins_over_the_environment(start_server):
     server = start_server(
         extra_args=["--admin-api-key", ADMIN_KEY], env={"SGLANG_ADMIN_API_KEY": "other"}
@@ -168,13 +173,9 @@ def test_rlsync_info_on_the_patched_server(server_tp1):
     pin = active_pin()
     assert info["series"] == pin.series and info["version"] == pin.local_version
     assert info["pin"] == {"name": "sglang", "version": pin.version}
-    for feature in (
-        "two_phase_weight_update",
-        "weights_checksum",
-        "health_while_updating",
-    ):
-        assert feature in info["features"]
-    assert client.require_features(server_tp1.url, ["weights_checksum"]) == info
+    assert sorted(info["features"]) == sorted(active_features())
+    assert "two_phase_weight_update" in info["features"]
+    assert client.require_features(server_tp1.url, ["two_phase_weight_update"]) == info
     with pytest.raises(client.EngineError, match="without time_travel; upgrade"):
         client.require_features(server_tp1.url, ["time_travel"])
 

@@ -17,6 +17,8 @@ from rlsync import client
 from rlsync.planner import plan_buckets
 from rlsync.sender import Engine, SyncError, WeightSender
 
+pytestmark = pytest.mark.needs("data_parallel_weight_update")
+
 PROMPTS = [f"replica {i}" for i in range(6)]
 pool = cf.ThreadPoolExecutor(6)
 

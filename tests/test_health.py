@@ -18,6 +18,8 @@ from rlsync import client
 from rlsync.group import join_update_group, leave_update_group
 from rlsync.planner import dtype_name
 
+pytestmark = pytest.mark.needs("health_while_updating")
+
 pool = cf.ThreadPoolExecutor(max_workers=8)
 LATE_JOIN_S = 10.0
 
@@ -98,6 +100,7 @@ def late_trainer_scenario(server: Server, client_timeout: float):
     return answers, pg, group, resp
 
 
+@pytest.mark.needs("watchdog_pause")
 @pytest.mark.parametrize("tp", [1, 2])
 def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server_tp2):
     server = server_tp1 if tp == 1 else server_tp2
@@ -212,6 +215,7 @@ def test_failing_operation_clears_the_state(server_tp1):
     generating_health(server)
 
 
+@pytest.mark.needs("init_weights_update_group_timeout")
 def test_hung_operation_past_deadline_turns_unhealthy_then_recovers(start_server):
     """A weight operation stuck past the operator's deadline (its scheduler
     stopped inside it, as a hang in native code would leave it: the
@@ -305,6 +309,7 @@ def test_a_prepared_session_whose_trainer_died_keeps_the_worker_healthy(
     leave_update_group(trainer.group)
 
 
+@pytest.mark.needs("init_weights_update_group_timeout")
 @pytest.mark.parametrize("timeout", [120, 1e300])
 def test_the_operator_deadline_bounds_an_init_with_a_longer_timeout(
     short_deadline_server, timeout
@@ -324,6 +329,7 @@ def test_the_operator_deadline_bounds_an_init_with_a_longer_timeout(
     generating_health(server)
 
 
+@pytest.mark.needs("init_weights_update_group_timeout")
 @pytest.mark.parametrize("value", ['"5"', "true", "[5]"])
 def test_an_init_timeout_is_a_number(server_tp1, value):
     body = (
@@ -340,6 +346,7 @@ def test_an_init_timeout_is_a_number(server_tp1, value):
     assert "timeout" in resp.json()["message"], resp.text
 
 
+@pytest.mark.needs("init_weights_update_group_timeout")
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e309", "-1", "0"])
 def test_non_finite_or_non_positive_timeouts_are_400(server_tp1, value):
     init = (

@@ -249,6 +249,7 @@ def test_impossible_sizes_are_413_naming_the_bucket(keyed, shapes):
     client.destroy_weights_update_group(keyed.url, group_name=name, admin_key=ADMIN)
 
 
+@pytest.mark.needs("admin_api_key_env")
 def test_keys_with_several_tokenizer_workers_refuse_to_start(tiny_model, tmp_path):
     for extra, env in (
         (["--admin-api-key", ADMIN], None),

@@ -33,7 +33,10 @@ IFNAME_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAM
 TIMEOUT = 10  # the trainer's and the engines' group timeout, seconds
 
 why_not = netns.available()
-pytestmark = pytest.mark.skipif(why_not is not None, reason=str(why_not))
+pytestmark = [
+    pytest.mark.skipif(why_not is not None, reason=str(why_not)),
+    pytest.mark.needs("update_group_on_route", "init_weights_update_group_timeout"),
+]
 
 
 def wait_until(predicate, timeout: float, what: str):

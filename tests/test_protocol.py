@@ -111,7 +111,7 @@ def test_upstreams_checksum_answer_reads_as_the_series_answer():
         return {
             "checksums": {"lm_head.weight": "00ff", "embed.weight": "0a0b"},
             "per_gpu_checksum": overall,
-            "parallelism_info": {"role": "target", "tp_rank": tp_rank, "dp_rank": 0},
+            "parallelism_info": [{"role": "target", "tp_rank": tp_rank, "dp_rank": 0}],
         }
 
     body = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 
+import pytest
 import requests
 import torch
 import torch.distributed as dist
@@ -11,6 +12,8 @@ import torch.distributed as dist
 from harness.cpu_sglang import free_port
 from rlsync import client
 from rlsync.group import join_update_group, leave_update_group
+
+pytestmark = pytest.mark.needs("rank_results")
 
 pool = cf.ThreadPoolExecutor(2)
 

@@ -201,6 +201,7 @@ def scheduler_blocked_share(server, polls: int = 50) -> float:
     return blocked / polls
 
 
+@pytest.mark.needs("idle_scheduler_yields_to_receiver")
 def test_idle_scheduler_yields_to_a_receive(start_server, model_weights):
     # Upstream's default: an idle scheduler polls its sockets in a busy loop.
     server = start_server(sleep_on_idle=False)

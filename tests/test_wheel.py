@@ -18,10 +18,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import ACTIVE_PIN
 from packaging.requirements import Requirement
 
 import rlsync
-from conftest import ACTIVE_PIN
 from devtools import series
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -236,6 +236,53 @@ def destroy_weights_update_group(
     return _ok(url, endpoint, body)
 
 
+def begin_weight_update(
+    url: str,
+    *,
+    timeout: float = 600.0,
+    admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
+) -> bool:
+    """Open upstream's weight-update session (SGLang 0.5.23 and later), which
+    its single-phase updates must run inside; False where the server has no
+    such session (0.5.10: nothing to open). The two-phase update opens and
+    closes it itself."""
+    try:
+        body = call(
+            url,
+            "/begin_weight_update",
+            {},
+            timeout=timeout,
+            admin_key=admin_key,
+            api_key=api_key,
+        )
+    except EngineError as e:
+        if e.status == 404:
+            return False
+        raise
+    _ok(url, "/begin_weight_update", body)
+    return True
+
+
+def end_weight_update(
+    url: str,
+    *,
+    timeout: float = 600.0,
+    admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
+) -> None:
+    """Close the session `begin_weight_update` opened."""
+    body = call(
+        url,
+        "/end_weight_update",
+        {},
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
+    )
+    _ok(url, "/end_weight_update", body)
+
+
 def update_weights_from_distributed(
     url: str,
     *,
@@ -250,7 +297,9 @@ def update_weights_from_distributed(
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
 ) -> dict[str, Any]:
-    """Upstream's single-phase update (for unpatched servers)."""
+    """Upstream's single-phase update (for unpatched servers). On SGLang
+    0.5.23 and later it must run inside `begin_weight_update` /
+    `end_weight_update`."""
     assert (
         len(names) == len(dtypes) == len(shapes)
     ), "names/dtypes/shapes lengths differ"
@@ -605,6 +654,8 @@ def _upstream_checksum(body: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(entry, dict) or "per_gpu_checksum" not in entry:
             continue
         info = entry.get("parallelism_info") or {}
+        if isinstance(info, list):  # one entry per role the rank serves
+            info = next((i for i in info if isinstance(i, dict)), {})
         tensors = entry.get("checksums") or {}
         ranks.append(
             {
