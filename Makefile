@@ -87,7 +87,7 @@ test:
 	@set -e; for p in $(or $(PIN),$(PINS)); do $(MAKE) --no-print-directory test-pin PIN=$$p; done
 
 test-pin: install
-	@echo "=== SGLang $(P): $(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)"
+	@echo '=== SGLang $(P): $(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)'
 	@$(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)
 
 .PHONY: test-fast

@@ -554,5 +554,6 @@ POSITIONAL_FIELD_ORDER = (
     "return_aux_hidden_state_layer_ids",
     "weight_update_staging_budget_mb",
     "weight_update_max_request_mb",
+    "weight_update_health_deadline",
 )
 # fmt: on

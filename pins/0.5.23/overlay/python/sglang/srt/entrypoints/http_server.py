@@ -181,6 +181,7 @@ from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
     parse_prepare_body,
     two_phase_response_content,
 )
+from sglang.srt.managers.weight_update_health import weight_update_health_response
 from sglang.srt.observability.func_timer import enable_func_timer
 from sglang.srt.observability.http_request_metrics import (
     add_http_request_metrics_middleware,
@@ -745,6 +746,11 @@ async def health_generate(request: Request) -> Response:
     if _global_state.tokenizer_manager.server_status == ServerStatus.Starting:
         return Response(status_code=503)
 
+    # A weight update blocks generation: answer at once, unless it is stuck.
+    response = weight_update_health_response(_global_state.tokenizer_manager)
+    if response is not None:
+        return response
+
     # Let an external E2E driver establish a balanced DP batch before health traffic.
     if envs.SGLANG_DIAG_BYPASS_HEALTH_GENERATE.get() and request.url.path in (
         "/health",
@@ -788,6 +794,13 @@ async def health_generate(request: Request) -> Response:
     tic = time.time()
     while time.time() < tic + HEALTH_CHECK_TIMEOUT:
         await asyncio.sleep(1)
+        # A weight update that started after this check arrived blocks its
+        # token: answer as if it had been running when the check arrived.
+        response = weight_update_health_response(_global_state.tokenizer_manager)
+        if response is not None:
+            task.cancel()
+            _global_state.tokenizer_manager.rid_to_state.pop(rid, None)
+            return response
         if _global_state.tokenizer_manager.last_receive_tstamp > tic:
             task.cancel()
             _global_state.tokenizer_manager.rid_to_state.pop(rid, None)

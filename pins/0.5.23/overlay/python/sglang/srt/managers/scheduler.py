@@ -299,6 +299,9 @@ from sglang.srt.managers.utils import (
     is_health_check_generate_req,
     validate_input_length,
 )
+from sglang.srt.managers.weight_update_health import (
+    pause_watchdogs_during_weight_update,
+)
 from sglang.srt.mem_cache import kv_cache_builder
 from sglang.srt.mem_cache.allocator.page_interleave import page_interleave_shard_size
 from sglang.srt.mem_cache.base_prefix_cache import CacheRequestOutcome
@@ -1847,18 +1850,25 @@ class Scheduler(
                 (CloseSessionReqInput, self.close_session),
                 (
                     UpdateWeightFromDiskReqInput,
-                    self.weight_updater.update_weights_from_disk,
+                    self._pausing_watchdogs(
+                        self.weight_updater.update_weights_from_disk
+                    ),
                 ),
                 (
                     InitWeightsUpdateGroupReqInput,
-                    self.weight_updater.init_weights_update_group,
+                    self._pausing_watchdogs(
+                        self.weight_updater.init_weights_update_group
+                    ),
                 ),
                 (
                     DestroyWeightsUpdateGroupReqInput,
                     self.weight_updater.destroy_weights_update_group,
                 ),
                 (PrepareWeightsUpdateReqInput, self.prepare_weights_update),
-                (CompleteWeightsUpdateReqInput, self.complete_weights_update),
+                (
+                    CompleteWeightsUpdateReqInput,
+                    self._pausing_watchdogs(self.complete_weights_update),
+                ),
                 (AbortWeightsUpdateReqInput, self.abort_weights_update),
                 (
                     InitWeightsSendGroupForRemoteInstanceReqInput,
@@ -1870,23 +1880,29 @@ class Scheduler(
                 ),
                 (
                     BeginWeightUpdateReqInput,
-                    self.weight_updater.begin_weight_update,
+                    self._pausing_watchdogs(self.weight_updater.begin_weight_update),
                 ),
                 (
                     EndWeightUpdateReqInput,
-                    self.weight_updater.end_weight_update,
+                    self._pausing_watchdogs(self.weight_updater.end_weight_update),
                 ),
                 (
                     UpdateWeightsFromDistributedReqInput,
-                    self.weight_updater.update_weights_from_distributed,
+                    self._pausing_watchdogs(
+                        self.weight_updater.update_weights_from_distributed
+                    ),
                 ),
                 (
                     UpdateWeightsFromTensorReqInput,
-                    self.weight_updater.update_weights_from_tensor,
+                    self._pausing_watchdogs(
+                        self.weight_updater.update_weights_from_tensor
+                    ),
                 ),
                 (
                     UpdateWeightsFromIPCReqInput,
-                    self.weight_updater.update_weights_from_ipc,
+                    self._pausing_watchdogs(
+                        self.weight_updater.update_weights_from_ipc
+                    ),
                 ),
                 (
                     UpdateWeightVersionReqInput,
@@ -6170,6 +6186,19 @@ class Scheduler(
     def maybe_sleep_on_idle(self):
         if self.idle_sleeper is not None:
             self.idle_sleeper.maybe_sleep()
+
+    @property
+    def send_to_detokenizer(self):
+        # The channel the weight-update health hooks tell the detokenizer on.
+        return self.ipc_channels.send_to_detokenizer
+
+    def _pausing_watchdogs(self, handler):
+        """A request handler that may block on a weight update, run with the
+        watchdogs (the scheduler's and the detokenizer's) paused."""
+        paused = pause_watchdogs_during_weight_update(
+            lambda scheduler, recv_req: handler(recv_req)
+        )
+        return partial(paused, self)
 
     def handle_freeze_gc(self, recv_req: FreezeGCReq):
         """Handle freeze_gc request: freeze scheduler's GC and forward to detokenizer."""

@@ -89,6 +89,7 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightVersionReqOutput,
 )
 from sglang.srt.managers.load_snapshot import LoadSnapshot
+from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.runtime_context import (
     get_disagg,
     get_lora,
@@ -448,6 +449,7 @@ class TokenizerControlMixin:
         req = ExpertDistributionReq(action=ExpertDistributionReqType.DUMP_RECORD)
         await self.expert_distribution_communicator(req)
 
+    @track_weight_update("init_weights_update_group")
     async def init_weights_update_group(
         self: TokenizerManager,
         obj: InitWeightsUpdateGroupReqInput,
@@ -488,6 +490,7 @@ class TokenizerControlMixin:
                 results = await communicator(obj)
         return FanOutCommunicator.merge_results(results)
 
+    @track_weight_update("begin_weight_update")
     async def begin_weight_update(
         self: TokenizerManager,
         obj: BeginWeightUpdateReqInput,
@@ -497,6 +500,7 @@ class TokenizerControlMixin:
             self.begin_weight_update_communicator, obj
         )
 
+    @track_weight_update("end_weight_update")
     async def end_weight_update(
         self: TokenizerManager,
         obj: EndWeightUpdateReqInput,
@@ -506,6 +510,7 @@ class TokenizerControlMixin:
             self.end_weight_update_communicator, obj
         )
 
+    @track_weight_update("update_weights_from_distributed")
     async def update_weights_from_distributed(
         self: TokenizerManager,
         obj: UpdateWeightsFromDistributedReqInput,
@@ -566,6 +571,7 @@ class TokenizerControlMixin:
         result = (await self.send_weights_to_remote_instance_communicator(obj))[0]
         return result.success, result.message
 
+    @track_weight_update("update_weights_from_tensor")
     async def update_weights_from_tensor(
         self: TokenizerManager,
         obj: UpdateWeightsFromTensorReqInput,
@@ -601,6 +607,7 @@ class TokenizerControlMixin:
 
         return success, message
 
+    @track_weight_update("update_weights_from_ipc")
     async def update_weights_from_ipc(
         self: TokenizerManager,
         obj: UpdateWeightsFromIPCReqInput,
@@ -864,6 +871,7 @@ class TokenizerControlMixin:
         except ValueError as e:
             return UnloadLoRAAdapterReqOutput(success=False, error_message=str(e))
 
+    @track_weight_update("get_weights_by_name")
     async def get_weights_by_name(
         self: TokenizerManager,
         obj: GetWeightsByNameReqInput,

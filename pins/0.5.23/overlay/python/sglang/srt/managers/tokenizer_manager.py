@@ -131,6 +131,10 @@ from sglang.srt.managers.utils import (
     compute_num_reserved_tokens,
     is_health_check_generate_req,
 )
+from sglang.srt.managers.weight_update_health import (
+    WeightUpdateTracker,
+    track_weight_update,
+)
 from sglang.srt.model_executor.forward_batch_info import (
     get_server_return_hidden_states_mode,
 )
@@ -783,6 +787,10 @@ class TokenizerManager(
         self.model_update_tmp: List[UpdateWeightFromDiskReqOutput] = []
         self.is_pause = False
         self.is_pause_cond = asyncio.Condition()
+        # Weight-update operations in flight, for the health check.
+        self.weight_update_tracker = WeightUpdateTracker(
+            self.server_args.weight_update_health_deadline
+        )
 
     def init_lora(self):
         # LoRA
@@ -2292,6 +2300,7 @@ class TokenizerManager(
             await self._async_dispatch_to_scheduler(obj)
             self.is_pause_cond.notify_all()
 
+    @track_weight_update("update_weights_from_disk")
     async def update_weights_from_disk(
         self,
         obj: UpdateWeightFromDiskReqInput,

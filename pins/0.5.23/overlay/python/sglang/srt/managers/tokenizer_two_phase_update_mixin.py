@@ -30,6 +30,7 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.scheduler_two_phase_update_mixin import (
     DEFAULT_COMPLETE_TIMEOUT,
 )
+from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils.aio_rwlock import RWLock
 from sglang.srt.weight_sync.staged_receiver import parse_buckets
@@ -78,30 +79,44 @@ class TokenizerTwoPhaseUpdateMixin:
     """Its communicators come from the declarative specs of
     tokenizer_control_mixin (_COMMUNICATOR_SPECS)."""
 
-    def _check_two_phase_supported(self: TokenizerManager):
-        assert (
-            get_parallel().dp_size == 1
-        ), "dp_size must be 1 for the two-phase weight update"
+    def _two_phase_unsupported(self: TokenizerManager) -> Optional[str]:
+        """Why this server cannot take a two-phase update, or None."""
+        if get_parallel().dp_size != 1:
+            return (
+                "dp_size: the two-phase weight update needs --dp-size 1 on this "
+                f"release (the server runs {get_parallel().dp_size} replicas)"
+            )
+        return None
 
+    @track_weight_update("prepare_weights_update")
     async def prepare_weights_update(
         self: TokenizerManager,
         obj: PrepareWeightsUpdateReqInput,
         request: Optional[fastapi.Request] = None,
     ) -> PrepareWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
-        self._check_two_phase_supported()
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return PrepareWeightsUpdateReqOutput(
+                status="error", message=unsupported, status_code=400
+            )
         # An open session is not a running operation for the health check:
         # serving goes on while the bytes arrive, and a trainer that died
         # after prepare must not make a serving worker unhealthy.
         return (await self.prepare_weights_update_communicator(obj))[0]
 
+    @track_weight_update("complete_weights_update")
     async def complete_weights_update(
         self: TokenizerManager,
         obj: CompleteWeightsUpdateReqInput,
         request: Optional[fastapi.Request] = None,
     ) -> CompleteWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
-        self._check_two_phase_supported()
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return CompleteWeightsUpdateReqOutput(
+                success=False, message=unsupported, status_code=400
+            )
         drain = obj.flush_cache if obj.drain is None else obj.drain
         if obj.apply and obj.flush_cache and not drain:
             return CompleteWeightsUpdateReqOutput(
@@ -113,6 +128,8 @@ class TokenizerTwoPhaseUpdateMixin:
                 session_open=True,
             )
         timeout = DEFAULT_COMPLETE_TIMEOUT if obj.timeout is None else obj.timeout
+        # The operator's deadline bounds every wait.
+        timeout = min(timeout, self.server_args.weight_update_health_deadline)
         deadline = time.monotonic() + timeout
         # 1. Every byte received and verified; generation goes on meanwhile.
         verify = msgspec.structs.replace(obj, apply=False, flush_cache=False)
@@ -173,13 +190,18 @@ class TokenizerTwoPhaseUpdateMixin:
                 )
             await asyncio.sleep(SCHEDULER_WAIT_S)
 
+    @track_weight_update("abort_weights_update")
     async def abort_weights_update(
         self: TokenizerManager,
         obj: AbortWeightsUpdateReqInput,
         request: Optional[fastapi.Request] = None,
     ) -> AbortWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
-        self._check_two_phase_supported()
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return AbortWeightsUpdateReqOutput(
+                success=False, message=unsupported, status_code=400
+            )
         return (await self.abort_weights_update_communicator(obj))[0]
 
 

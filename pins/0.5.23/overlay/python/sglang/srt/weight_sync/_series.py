@@ -8,4 +8,6 @@ FEATURES = (
     "rlsync_info",
     "fused_cuda_digest",
     "secret_redaction",
+    "watchdog_pause",
+    "health_while_updating",
 )

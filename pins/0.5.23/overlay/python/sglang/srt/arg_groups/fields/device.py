@@ -71,6 +71,10 @@ class Device(msgspec.Struct):
         Optional[float],
         "Set soft watchdog timeout in seconds. If a forward batch takes longer than this, the server will dump information for debugging.",
     ] = None
+    weight_update_health_deadline: A[
+        float,
+        "While a weight update runs, /health and /health_generate answer 200 at once; past this many seconds (or the operation's own timeout) they report it as stuck with 503.",
+    ] = 600
     weight_update_staging_budget_mb: A[
         Optional[float],
         "Largest staging a two-phase weight update (/prepare_weights_update) may allocate per TP rank, in MiB. Default: the memory the device has free.",
