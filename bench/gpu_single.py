@@ -8,11 +8,14 @@ In one run on one GPU:
                 odd byte counts, chunk boundaries, unaligned views, extreme
                 words), a flipped byte, and digest_tensors' layout
   speed         1 GiB bucket: GB/s of the receiver's digest (digest_bytes,
-                fused), of the sender's (digest_tensors over 64 tensors),
-                of the torch path and of a plain int64 sum
-                of the same bytes; median after warm-up of single calls timed
-                with CUDA events and with the wall clock, and of kernels
-                launched back to back (GPU throughput without host gaps)
+                fused), of the sender's (digest_tensors over 16, 64 and 256
+                tensors: planned once per layout and replayed as a CUDA
+                graph, a plan launched without a graph, and the table built
+                on every call as before plans), of the torch path and of a
+                plain int64 sum of the same bytes; median after warm-up of
+                single calls timed with CUDA events and with the wall clock,
+                and of kernels launched back to back (GPU throughput without
+                host gaps); host microseconds of a plan's layout check
   interference  decode-like work (batch-8 GEMVs through a 7B layer's MLP) on
                 the default stream, alone and while a receive stand-in runs on
                 a second stream: 1 GiB buckets copied into a staging buffer
@@ -210,6 +213,22 @@ def check_correctness() -> dict:
     ]
     packed = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
     tensors_equal = digest_tensors(tensors) == psum61_digest_cuda(packed)
+    # the sender's plan (a CUDA graph from the second call on) reads the
+    # bytes there at each call
+    planned, last = [], digest_tensors(tensors)
+    for k in (0, 2, 3, None):
+        if k is not None:
+            tensors[k].view(-1).view(torch.uint8)[k] ^= 0x21
+            packed = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+        got = digest_tensors(tensors)
+        planned.append(
+            got == psum61_digest_cuda(packed) and (got != last) == (k is not None)
+        )
+        last = got
+    plan = lib._plans().get(
+        (len(tensors), tensors[0].data_ptr(), tensors[-1].data_ptr())
+    )
+    plan_graph = plan is not None and plan.graph is not None
 
     flips = []
     data = random_bytes(GIB, seed=1234)
@@ -230,6 +249,8 @@ def check_correctness() -> dict:
     all_ok = (
         all(c["equal"] for c in cases)
         and tensors_equal
+        and all(planned)
+        and plan_graph
         and all(f["detected"] and f["equals_torch"] for f in flips)
         and restored
     )
@@ -237,6 +258,8 @@ def check_correctness() -> dict:
         all_ok=all_ok,
         cases=cases,
         digest_tensors_equal=tensors_equal,
+        planned_digest_tensors_equal=planned,
+        plan_replays_a_cuda_graph=plan_graph,
         flipped_byte=flips,
         restored_equal=restored,
     )
@@ -249,20 +272,35 @@ def measure_speed(repeats: int) -> dict:
     buf = random_bytes(GIB, seed=42)
     as_int64 = buf.view(torch.int64)
     mat = buf.view(torch.int32).view(-1, 64)
-    # a sender's bucket: 64 tensors of 16 MiB, digested without packing
-    tensors = list(buf.view(64, -1).view(torch.bfloat16))
-    assert digest_tensors(tensors) == digest_bytes(buf)
+    # a sender's bucket: 64 tensors of 16 MiB (16 of 64 MiB, 256 of 4 MiB),
+    # digested without packing: digest_tensors (its plan for the layout,
+    # replayed as a CUDA graph), a plan launched without a graph, and the
+    # launch table built on every call (before plans)
+    layouts = {n: list(buf.view(n, -1).view(torch.bfloat16)) for n in (16, 64, 256)}
+    eager = {n: lib.DigestPlan(ts, graph=False) for n, ts in layouts.items()}
+    senders: dict[str, Callable[[], object]] = {}
+    for n, ts in layouts.items():
+        assert digest_tensors(ts) == digest_bytes(buf) == eager[n].digest(ts)
+        sizes = [t.numel() * t.element_size() for t in ts]
+        name = "sender_digest_tensors" + ("" if n == 64 else f"_{n}x{1024 // n}MiB")
+        senders[name] = lambda ts=ts: digest_tensors(ts)
+        senders[f"{name}_plan_no_graph"] = lambda n=n: eager[n].digest(layouts[n])
+        senders[f"{name}_unplanned"] = lambda ts=ts, sizes=sizes: lib._psum_format(
+            *lib._fused_packed_totals(ts, sizes)
+        )
+    tensors = layouts[64]
     # and per-tensor launches (series 7 before the one-launch path)
     per_tensor = lambda: lib.psum_totals(tensors)  # noqa: E731
     runs = {
         "triton_digest": lambda: psum61_digest_cuda(buf),
-        "sender_digest_tensors": lambda: digest_tensors(tensors),
+        **senders,
         "sender_one_launch_per_tensor": per_tensor,
         "torch_digest": lambda: torch_digest(buf),
         "plain_int64_sum": lambda: as_int64.sum(),
         "plain_int64_sum_to_host": lambda: as_int64.sum().item(),
         "triton_digest_tolist": lambda: tolist_digest(buf),
         "triton_kernel_only": lambda: psum61_partials(buf),
+        "sender_kernel_only": eager[64]._launch,
         # the torch digest's two big reductions, on its [R, 64] int32 view
         "torch_part_row_sums": lambda: mat.sum(1, dtype=torch.int64),
         "torch_part_column_sums": lambda: mat.sum(0, dtype=torch.int64),
@@ -273,6 +311,7 @@ def measure_speed(repeats: int) -> dict:
     gpu_only = cuda_times(
         {
             "triton_kernel": back_to_back(lambda: psum61_partials(buf), per_launch),
+            "sender_kernel": back_to_back(eager[64]._launch, per_launch),
             "plain_int64_sum": back_to_back(lambda: as_int64.sum(), per_launch),
         },
         max(3, repeats // 4),
@@ -288,6 +327,7 @@ def measure_speed(repeats: int) -> dict:
         psum61_partials(buf)
     launch_us = (time.perf_counter() - t0) / 100 * 1e6
     torch.cuda.synchronize()
+    host_us = sender_host_us(layouts, eager)
 
     configs = {str(c): config_kwargs(c) for c in CONFIGS}
     sweep_s = cuda_times(
@@ -308,9 +348,17 @@ def measure_speed(repeats: int) -> dict:
         seconds=seconds,
         wall_seconds=wall,
         triton_launch_host_us=launch_us,
+        sender_host_us=host_us,
         ratio_triton_to_plain_sum=gbps["triton_digest"] / gbps["plain_int64_sum"],
-        ratio_sender_to_plain_sum=gbps["sender_digest_tensors"]
-        / gbps["plain_int64_sum"],
+        **{
+            f"ratio_{name.replace('_digest_tensors', '')}_to_plain_sum": gbps[name]
+            / gbps["plain_int64_sum"]
+            for name in senders
+        },
+        ratio_sender_to_plain_sum_wall=wall_gbps["sender_digest_tensors"]
+        / wall_gbps["plain_int64_sum"],
+        ratio_sender_kernels_back_to_back=gbps["sender_kernel_back_to_back"]
+        / gbps["plain_int64_sum_back_to_back"],
         ratio_triton_to_plain_sum_to_host=gbps["triton_digest"]
         / gbps["plain_int64_sum_to_host"],
         ratio_triton_to_plain_sum_wall=wall_gbps["triton_digest"]
@@ -325,6 +373,35 @@ def measure_speed(repeats: int) -> dict:
         / gbps["plain_int64_sum_back_to_back"],
         config_sweep=sweep,
     )
+
+
+def sender_host_us(
+    layouts: dict[int, list[torch.Tensor]], eager: dict[int, "lib.DigestPlan"]
+) -> dict[str, float]:
+    """Host microseconds per call (median of 5 rounds of 200): a plan's
+    layout check, digest_tensors' look-up of its plan (the check included),
+    enqueueing a plan's graph replay and a plan's launch without a graph."""
+
+    def per_call(fn: Callable[[], object], n: int = 200) -> float:
+        rounds = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            rounds.append((time.perf_counter() - t0) / n * 1e6)
+            torch.cuda.synchronize()
+        return med(rounds)
+
+    out: dict[str, float] = {}
+    for n, ts in layouts.items():
+        out[f"plan_matches_{n}"] = per_call(lambda: eager[n].matches(ts))
+        out[f"cached_plan_lookup_{n}"] = per_call(lambda: lib._cached_plan(ts))
+    plan = lib._cached_plan(layouts[64])
+    if plan is not None and plan.graph is not None:
+        out["graph_replay_enqueue"] = per_call(plan.graph.replay, 20)
+    out["plan_launch_enqueue"] = per_call(eager[64]._launch, 20)
+    return out
 
 
 # --- c. decode-like interference ---------------------------------------------
@@ -602,6 +679,8 @@ def print_table(r: dict) -> None:
         for name, v in s.items():
             if name.startswith("ratio"):
                 print(f"  {name:34s} {v:8.3f}")
+        for name, v in s.get("sender_host_us", {}).items():
+            print(f"  host us {name:26s} {v:8.1f}")
     i = r.get("interference", {})
     if "runs" in i:
         print(f"decode alone {i['decode_steps_per_s_alone']:.0f} steps/s")

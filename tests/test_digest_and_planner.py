@@ -15,8 +15,8 @@ from types import ModuleType
 
 import pytest
 import torch
-
 from conftest import ACTIVE_PIN
+
 from rlsync import digest as trainer_digest
 from rlsync.digest import digest_bytes, digest_tensors
 from rlsync.planner import bucket_budget, plan_buckets
@@ -313,6 +313,120 @@ def test_fused_digest_equals_the_torch_path_under_the_triton_interpreter():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_fused_digest_equals_the_torch_path_on_cuda():
     assert run_fused_check("cuda", {}).startswith("fused ok")
+
+
+PLAN_CHECK = """
+import threading, torch
+from rlsync import digest as d
+def packed_digest(tensors):
+    packed = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+    return d._psum_format(*d._torch_totals([packed])[0][:2])
+def plan_of(tensors):
+    return d._plans().get((len(tensors), tensors[0].data_ptr(), tensors[-1].data_ptr()))
+g = torch.Generator().manual_seed(1)
+raw = torch.randint(0, 256, (3 * CHUNK + 64,), dtype=torch.uint8, generator=g).to(DEVICE)
+edge = CHUNK + 4
+bucket = [raw[:edge], raw[edge:edge], raw[edge : 3 * CHUNK], raw[3 * CHUNK : 3 * CHUNK + 7]]
+# built on the first call, reused after (captured in a CUDA graph on CUDA)
+first = d.digest_tensors(bucket)
+assert first == packed_digest(bucket)
+plan = plan_of(bucket)
+assert plan is not None and plan.rows == 3 and plan.sizes[1] == 0
+assert not plan.aligned  # raw[edge:] starts 4 bytes past a multiple of 16
+by16 = [raw[:CHUNK], raw[CHUNK : 2 * CHUNK + 16], raw[2 * CHUNK + 16 : 3 * CHUNK + 3]]
+for _ in range(3):  # the kernel that reads 16 bytes a load
+    assert d.digest_tensors(by16) == packed_digest(by16) and plan_of(by16).aligned
+for _ in range(3):
+    assert d.digest_tensors(bucket) == first and plan_of(bucket) is plan
+assert (plan.graph is not None) == (DEVICE == "cuda"), plan.graph
+# it reads the bytes there now, also written just before on another stream
+for pos in (0, edge + 9, 3 * CHUNK + 6):
+    raw[pos] ^= 0x40
+    assert d.digest_tensors(bucket) == packed_digest(bucket) != first, pos
+    raw[pos] ^= 0x40
+if DEVICE == "cuda":
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        raw[edge + 5] ^= 0x01
+        assert d.digest_tensors(bucket) == packed_digest(bucket) != first
+        raw[edge + 5] ^= 0x01
+    torch.cuda.current_stream().wait_stream(side)
+assert d.digest_tensors(bucket) == first and plan_of(bucket) is plan
+# a tensor moved (first and last addresses kept, so the same key): rebuilt
+moved = list(bucket)
+moved[2] = raw[edge : 3 * CHUNK].clone()
+assert d.digest_tensors(moved) == first and plan_of(moved) not in (None, plan)
+assert plan_of(moved).ptrs[2] == moved[2].data_ptr()
+# the same addresses, a size changed: rebuilt
+shorter = list(bucket)
+shorter[-1] = raw[3 * CHUNK : 3 * CHUNK + 5]
+assert d.digest_tensors(shorter) == packed_digest(shorter) != first
+assert plan_of(shorter).sizes[-1] == 5
+assert d.digest_tensors(bucket) == first and plan_of(bucket).sizes[-1] == 7
+# the same address and byte count, not contiguous: no plan, still right
+m = torch.randint(-99, 99, (64, 32), dtype=torch.int32, generator=g).to(DEVICE)
+assert d.digest_tensors([m]) == packed_digest([m]) and plan_of([m]) is not None
+assert d.digest_tensors([m.t()]) == packed_digest([m.t().contiguous()])
+assert plan_of([m.t()]) is None and d.digest_tensors([m.t()]) != packed_digest([m])
+# layouts that need copies have none; an explicit plan checks what it gets
+for layout in ([m.t()], [raw[1:9]], [raw[:5], raw[8:12]], [raw[:0]]):
+    assert not d.DigestPlan.plannable(layout)
+    try:
+        d.DigestPlan(layout)
+        raise AssertionError("planned a layout that needs copies")
+    except ValueError:
+        pass
+    assert d.digest_tensors(layout) == packed_digest([t.contiguous() for t in layout])
+eager = d.DigestPlan(bucket, graph=False)
+for _ in range(3):
+    assert eager.digest(bucket) == first and eager.graph is None
+assert eager.matches(bucket) and not eager.matches(shorter)
+try:
+    eager.digest(shorter)
+    raise AssertionError("digested tensors the plan does not fit")
+except ValueError:
+    pass
+# each thread keeps its own plans; the oldest go past MAX_PLANS
+seen = []
+worker = threading.Thread(target=lambda: seen.append(d.digest_tensors(bucket)))
+worker.start(); worker.join()
+assert seen == [first] and plan_of(bucket) is not None
+d.MAX_PLANS = 2
+for k in range(4):
+    part = [raw[4 * k : 4 * k + 8]]
+    assert d.digest_tensors(part) == packed_digest(part)
+assert len(d._plans()) == 2 and plan_of([raw[12:20]]) is not None
+print("plans ok")
+"""
+
+
+def run_plan_check(device: str, env: dict[str, str]) -> str:
+    code = f"DEVICE = {device!r}\nCHUNK = {CHUNK_BYTES}\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code + PLAN_CHECK],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python"), **env},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.skipif(trainer_digest.triton is None, reason="needs triton")
+def test_digest_plans_are_reused_and_rebuilt_under_the_triton_interpreter():
+    """digest_tensors plans a bucket's launch once per layout and reuses it:
+    the same strings as packing, the bytes read as they are now, a new plan
+    when a tensor moves or changes size, none for layouts that need copies,
+    plans per thread and at most MAX_PLANS of them."""
+    assert run_plan_check("cpu", {"TRITON_INTERPRET": "1"}).startswith("plans ok")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_digest_plans_are_reused_and_rebuilt_on_cuda():
+    """The same on CUDA, where the second use captures a CUDA graph that
+    later calls replay, on whichever stream is current."""
+    assert run_plan_check("cuda", {}).startswith("plans ok")
 
 
 def test_without_triton_or_off_cuda_the_torch_path_serves():

@@ -251,3 +251,39 @@ def test_cuda_and_cpu_digests_are_identical():
     assert digest_bytes(big) == digest_bytes(big.cuda())
     ts = [torch.randn(1000, 333).to(torch.bfloat16), torch.randn(4097)]
     assert digest_tensors(ts) == digest_tensors([t.cuda() for t in ts])
+
+
+def test_off_cuda_digest_tensors_keeps_no_plans():
+    """Plans are for the fused path: on the CPU (no Triton interpreter) the
+    torch path serves and digest_tensors keeps nothing."""
+    if digest.fused_digest_available([torch.zeros(1)]):
+        pytest.skip("Triton's interpreter runs the fused path on the CPU here")
+    before = dict(digest._plans()) if digest.triton is not None else {}
+    ts = [random_words(1000, 1), random_words(7, 2)]
+    assert digest_tensors(ts) == of_words(torch.cat(ts))
+    assert (dict(digest._plans()) if digest.triton is not None else {}) == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_planned_bucket_catches_every_sampled_change_on_cuda():
+    """A bucket digested again and again through its plan (a CUDA graph
+    replayed from the second call on) reads the bytes as they are at each
+    call: one- and two-word changes in any of its tensors are caught, and
+    every digest is the definition's (the CPU's) for those bytes."""
+    sizes = [4099, 1 << 16, 3, 70_001, 1]
+    words = [random_words(n, 40 + i).cuda() for i, n in enumerate(sizes)]
+    clean = digest_tensors(words)
+    assert clean == digest_tensors([w.cpu() for w in words])
+    assert digest_tensors(words) == clean  # the second use captures the graph
+    rng = random.Random(5)
+    for _ in range(40):
+        k, j = rng.randrange(len(words)), rng.randrange(len(words))
+        i1, i2 = rng.randrange(sizes[k]), rng.randrange(sizes[j])
+        old1, old2 = int(words[k][i1]), int(words[j][i2])
+        words[k][i1] = old1 ^ (1 << rng.randrange(31))
+        if rng.random() < 0.5:
+            words[j][i2] = INT32_MIN if old2 != INT32_MIN else INT32_MAX
+        got = digest_tensors(words)
+        assert got != clean and got == digest_tensors([w.cpu() for w in words])
+        words[j][i2], words[k][i1] = old2, old1
+        assert digest_tensors(words) == clean

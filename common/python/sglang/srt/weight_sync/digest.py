@@ -58,7 +58,12 @@ acc_s[j] - acc_p[j] without a multiplication per word; from these follow the
 chunk's S_b and T_b, and it adds S_b and T_b + base * S_b, reduced mod p, to
 four int64 counters (31- and 30-bit halves) with integer atomics, which are
 exact whatever order the programs finish in. The host reads the counters once
-(through pinned memory, waiting on the current stream only). Bound: with
+(through pinned memory, waiting on the current stream only). A sender's
+bucket of many tensors is one launch of `_psum61_parts_kernel` over a table
+of the tensors' addresses and sizes; `DigestPlan` builds that table once per
+bucket layout, and on CUDA captures the launch in a CUDA graph, so that a
+repeated digest costs the host one check of the layout (each tensor's
+address, byte count and contiguity) and one graph replay. Bound: with
 |w| <= 2**31 and k < CHUNK_WORDS = 2**16, |T_b| < 2**62 and every partial sum
 on the way is a sum of some |k * w_k| terms, so nothing overflows int64.
 
@@ -224,8 +229,14 @@ def digest_tensors(tensors: list[torch.Tensor]) -> str:
     without packing them: word i of tensor k is word off_k + i of the bucket,
     so S = sum(S_k) and T = sum(T_k + off_k * S_k). Falls back to packing
     when a tensor other than the last ends mid-word (its byte count is not a
-    multiple of 4). On CUDA with Triton, one launch over all of them."""
+    multiple of 4). On CUDA with Triton, one launch over all of them, planned
+    once per layout (`DigestPlan`, kept per thread): a sender that digests
+    the same parameters in the same buckets every sync builds each bucket's
+    launch once and then only checks that the layout still holds."""
     assert tensors, "need at least one tensor"
+    plan = _cached_plan(tensors)
+    if plan is not None:
+        return _psum_format(*plan.totals())
     sizes = [t.numel() * t.element_size() for t in tensors]
     if any(n % 4 for n in sizes[:-1]):
         return digest_bytes(torch.cat([_as_bytes(t) for t in tensors]))
@@ -363,12 +374,16 @@ if triton is not None:
         out_ptr,
         CHUNK: tl.constexpr,
         TILE: tl.constexpr,
+        ALIGNED: tl.constexpr = False,
     ):
         """Several byte strings digested as if packed back to back, in one
         launch. table_ptr holds one int64 row per part: (address, whole
         words, bytes, its first program, its first word in the packing);
         program k digests a chunk of the last part whose first program is
-        at most k (found by binary search)."""
+        at most k (found by binary search). ALIGNED: every address is a
+        multiple of 16 bytes, which the compiler cannot see in a table, so
+        the words are read 16 bytes a load, as the one-part kernel reads
+        its argument's."""
         pid = tl.program_id(0).to(tl.int64)
         lo = pid * 0
         hi = lo + n_parts - 1
@@ -379,6 +394,8 @@ if triton is not None:
             hi = tl.where(starts_by, hi, mid - 1)
         row = table_ptr + lo * 5
         bytes_ptr = tl.load(row).to(tl.pointer_type(tl.uint8))
+        if ALIGNED:
+            bytes_ptr = tl.multiple_of(bytes_ptr, 16)
         n_words = tl.load(row + 1)
         n_bytes = tl.load(row + 2)
         base = (pid - tl.load(row + 3)) * CHUNK
@@ -445,7 +462,7 @@ def _fused_packed_totals(
     """(S mod p, T mod p) of the tensors' bytes packed back to back (every
     tensor but the last a whole number of words), in one launch over all of
     them. Per tensor only its address and size are read: no views made."""
-    rows, chunks, words = [], 0, 0
+    rows, chunks, words, by16 = [], 0, 0, True
     aligned = []  # alive until the kernel has read them
     for tensor, n in zip(tensors, sizes):
         if n == 0:
@@ -456,6 +473,7 @@ def _fused_packed_totals(
             tensor = tensor.clone()  # the kernel reads 4-byte aligned int32 words
         aligned.append(tensor)
         rows += [tensor.data_ptr(), n // 4, n, chunks, words]
+        by16 = by16 and rows[-5] % 16 == 0
         chunks += triton.cdiv(n // 4 + (n % 4 > 0), CHUNK_WORDS)
         words += n // 4
     counters = torch.zeros(4, dtype=torch.int64, device=tensors[0].device)
@@ -470,6 +488,7 @@ def _fused_packed_totals(
             counters,
             CHUNK=CHUNK_WORDS,
             TILE=TILE_WORDS,
+            ALIGNED=by16,
             num_warps=NUM_WARPS,
         )
     s_lo, s_hi, t_lo, t_hi = _finish(counters)
@@ -489,3 +508,178 @@ def _fused_totals(parts: list[torch.Tensor]) -> list[tuple[int, int, int]]:
         n = part.numel()
         totals.append(((s_hi << 31) + s_lo, (t_hi << 31) + t_lo, n // 4 + (n % 4 > 0)))
     return totals
+
+
+# --- a bucket's launch, planned once (the sender) ------------------------------
+
+_data_ptr = torch.Tensor.data_ptr
+_nbytes = torch.Tensor.nbytes.__get__
+_is_contiguous = torch.Tensor.is_contiguous
+# Plans kept per thread by digest_tensors; past this many, the oldest goes.
+MAX_PLANS = 4096
+
+
+class DigestPlan:
+    """The fused digest of one bucket layout, planned once: the launch table
+    of `_psum61_parts_kernel` (per tensor: address, whole words, bytes, first
+    program, first word in the packing) on the device, the four counters
+    and, on CUDA, from the second use on, the whole launch (zero the
+    counters, the kernel, copy them to pinned host memory) captured in a
+    CUDA graph and replayed. Its digest is the same as the unplanned path's.
+
+    A plan holds addresses, never the tensors: it fits tensors with the
+    layout it was built for (the same addresses and byte counts, in order,
+    each contiguous; `matches`), whatever bytes they hold now, and a plan
+    digest reads whatever is at those addresses when it runs, so use it only
+    on tensors it matches (`digest` checks). Layouts that need copies (a
+    tensor not contiguous or not 4-byte aligned, or one other than the last
+    ending mid-word) and tensors off CUDA (save under Triton's interpreter)
+    have no plan. Not for use by two threads at once (digest_tensors keeps
+    one set of plans per thread)."""
+
+    def __init__(self, tensors: list[torch.Tensor], graph: bool = True) -> None:
+        """Builds the table (ValueError where the layout has none, see
+        `plannable`); `graph=False` launches the kernel on every use."""
+        if not self.plannable(tensors):
+            raise ValueError("these tensors' layout has no digest plan")
+        self.ptrs = list(map(_data_ptr, tensors))
+        self.sizes = list(map(_nbytes, tensors))
+        rows, chunks, words = [], 0, 0
+        for ptr, n in zip(self.ptrs, self.sizes):
+            if n:
+                rows += [ptr, n // 4, n, chunks, words]
+                chunks += triton.cdiv(n // 4 + (n % 4 > 0), CHUNK_WORDS)
+                words += n // 4
+        self.device = tensors[0].device
+        self.chunks, self.rows = chunks, len(rows) // 5
+        self.aligned = all(ptr % 16 == 0 for ptr in rows[::5])
+        self.table = torch.tensor(rows, dtype=torch.int64, device=self.device)
+        self.counters = torch.zeros(4, dtype=torch.int64, device=self.device)
+        cuda = self.device.type == "cuda"
+        self.host = torch.empty(4, dtype=torch.int64, pin_memory=True) if cuda else None
+        self.use_graph = graph and cuda
+        self.graph: "torch.cuda.CUDAGraph | None" = None
+        self.uses = 0
+
+    @staticmethod
+    def plannable(tensors: list[torch.Tensor]) -> bool:
+        """Whether the fused path reads these tensors where they lie: Triton
+        runs them (`fused_digest_available`), each is contiguous and 4-byte
+        aligned, every one but the last is whole words, and they hold some
+        bytes and fewer than MAX_DIGEST_BYTES."""
+        if triton is None or not tensors or not fused_digest_available(tensors):
+            return False
+        sizes = list(map(_nbytes, tensors))
+        return (
+            0 < sum(sizes) < MAX_DIGEST_BYTES
+            and all(map(_is_contiguous, tensors))
+            and not any(n % 4 for n in sizes[:-1])
+            and not any(t.data_ptr() % 4 for t, n in zip(tensors, sizes) if n)
+        )
+
+    def matches(self, tensors: list[torch.Tensor]) -> bool:
+        """Whether the tensors have the planned layout: per tensor its
+        address, byte count and contiguity (no views made). Addresses of
+        different CUDA devices and of host memory never coincide (one
+        virtual address space), so equal addresses mean the same device."""
+        return (
+            list(map(_data_ptr, tensors)) == self.ptrs
+            and list(map(_nbytes, tensors)) == self.sizes
+            and all(map(_is_contiguous, tensors))
+            and (self.host is not None or os.environ.get("TRITON_INTERPRET") == "1")
+        )
+
+    def digest(self, tensors: list[torch.Tensor]) -> str:
+        """The digest of these tensors, which must match the plan."""
+        if not self.matches(tensors):
+            raise ValueError("these tensors do not have the planned layout")
+        return _psum_format(*self.totals())
+
+    def totals(self) -> tuple[int, int]:
+        """(S mod p, T mod p) of the bytes now at the planned addresses,
+        packed back to back: the caller has checked `matches`."""
+        if self.host is None:  # Triton's interpreter, on the host
+            self._launch()
+            s_lo, s_hi, t_lo, t_hi = self.counters.tolist()
+            return (s_hi << 31) + s_lo, (t_hi << 31) + t_lo
+        index = self.device.index
+        if torch.cuda.current_device() != index:
+            with torch.cuda.device(index):
+                return self.totals()
+        if self.graph is None and self.use_graph and self.uses:
+            self.graph = self._capture()  # the kernel is compiled by now
+            self.use_graph = self.graph is not None
+        self.uses += 1
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._launch()
+        torch.cuda.current_stream(index).synchronize()
+        s_lo, s_hi, t_lo, t_hi = self.host.tolist()
+        return (s_hi << 31) + s_lo, (t_hi << 31) + t_lo
+
+    def _launch(self) -> None:
+        """Zero the counters, run the kernel, copy the counters to the host
+        buffer (on CUDA), all on the current stream."""
+        self.counters.zero_()
+        _psum61_parts_kernel[(self.chunks,)](
+            self.table,
+            self.rows,
+            self.counters,
+            CHUNK=CHUNK_WORDS,
+            TILE=TILE_WORDS,
+            ALIGNED=self.aligned,
+            num_warps=NUM_WARPS,
+        )
+        if self.host is not None:
+            self.host.copy_(self.counters, non_blocking=True)
+
+    def _capture(self) -> "torch.cuda.CUDAGraph | None":
+        """The launch captured in a CUDA graph on this thread's capture
+        stream (nothing runs now); None where capture fails, and the plan
+        launches as it did."""
+        streams = getattr(_host, "capture_streams", None)
+        if streams is None:
+            streams = _host.capture_streams = {}
+        try:
+            stream = streams.get(self.device.index)
+            if stream is None:
+                stream = streams[self.device.index] = torch.cuda.Stream(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(stream):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    self._launch()
+                finally:
+                    graph.capture_end()
+            return graph
+        except Exception:  # a torch or driver that cannot capture it
+            return None
+
+
+def _plans() -> dict:
+    """This thread's plans by (count, first address, last address)."""
+    plans = getattr(_host, "plans", None)
+    if plans is None:
+        plans = _host.plans = {}
+    return plans
+
+
+def _cached_plan(tensors: list[torch.Tensor]) -> "DigestPlan | None":
+    """The plan digest_tensors uses for these tensors: this thread's plan
+    for their layout, built now where there is none or the layout at its
+    key changed (a tensor moved, grew or shrank); None without a plan."""
+    if triton is None:
+        return None
+    plans = _plans()
+    key = (len(tensors), _data_ptr(tensors[0]), _data_ptr(tensors[-1]))
+    plan = plans.get(key)
+    if plan is not None and plan.matches(tensors):
+        return plan
+    plans.pop(key, None)
+    if not DigestPlan.plannable(tensors):
+        return None
+    while len(plans) >= MAX_PLANS:
+        del plans[next(iter(plans))]
+    plan = plans[key] = DigestPlan(tensors)
+    return plan
