@@ -179,7 +179,7 @@ _is_cuda = is_cuda()
 
 
 def _server_args_for_logging(server_args: ServerArgs) -> Dict[str, Any]:
-    return redact_watermark_secrets(server_args.resolved_dict())
+    return redact_server_args(redact_watermark_secrets(server_args.resolved_dict()))
 
 
 @dataclasses.dataclass
