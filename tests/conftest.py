@@ -101,10 +101,34 @@ def _missing_features(item: pytest.Item) -> list[str]:
     return [f for f in needed if f not in active_features()]
 
 
+@functools.cache
+def pin_test_gaps() -> tuple[tuple[str, str], ...]:
+    """(node-id prefix, reason) of the server tests the pin under test does
+    not pass yet (pins/<version>/test-gaps): an unfinished port says so."""
+    path = ROOT / "pins" / ACTIVE_PIN / "test-gaps"
+    gaps = []
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        prefix, _, reason = line.partition("#")
+        if prefix.strip():
+            gaps.append((prefix.strip(), reason.strip()))
+    return tuple(gaps)
+
+
+def _known_gap(item: pytest.Item) -> str | None:
+    for prefix, reason in pin_test_gaps():
+        if item.nodeid.startswith(prefix):
+            return f"pins/{ACTIVE_PIN}/test-gaps: {reason}"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if _needs_a_server(item):
             item.add_marker(pytest.mark.server)
+            gap = _known_gap(item)
+            if gap:
+                item.add_marker(pytest.mark.skip(reason=gap))
+                continue
             missing = _missing_features(item)
             if missing:
                 item.add_marker(

@@ -128,6 +128,8 @@ def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server
         import torch
 
         tensor = torch.tensor(current, dtype=torch.bfloat16)
+        # 0.5.23: upstream's single-phase update runs in its session.
+        opened = client.begin_weight_update(server.url)
         upd = pool.submit(
             client.update_weights_from_distributed,
             server.url,
@@ -138,6 +140,8 @@ def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server
         )
         torch.distributed.broadcast(tensor, src=0, group=pg)
         assert upd.result(timeout=60)["success"]
+        if opened:
+            client.end_weight_update(server.url)
         generating_health(server)
     finally:
         client.destroy_weights_update_group(server.url, group_name=group)
