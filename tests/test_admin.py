@@ -151,9 +151,7 @@ def test_no_answer_or_log_line_carries_a_key(start_server):
     log = server.log()
     # The start-up line: ServerArgs(...) on 0.5.10, a dict on 0.5.23.
     assert "server_args=ServerArgs(" in log or "server_args={" in log
-    assert (
-        "admin_api_key=<redacted>" in log or "'admin_api_key': '<redacted>'" in log
-    )
+    assert "admin_api_key=<redacted>" in log or "'admin_api_key': '<redacted>'" in log
     assert ADMIN_KEY not in log and USER_KEY not in log
 
 
