@@ -88,8 +88,8 @@ test:
 
 test-pin: install
 	@echo '=== SGLang $(P): $(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)'
-	@# Tests run make themselves: PIN must not reach them through MAKEFLAGS.
-	@env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL $(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)
+	@# Tests run make themselves: PIN (exported, and in MAKEFLAGS) must not reach them.
+	@env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN $(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)
 
 .PHONY: test-fast
 test-fast: install
