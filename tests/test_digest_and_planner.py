@@ -315,6 +315,55 @@ def test_fused_digest_equals_the_torch_path_on_cuda():
     assert run_fused_check("cuda", {}).startswith("fused ok")
 
 
+FALLBACK_CHECK = """
+import logging, torch
+from rlsync import digest as d
+warnings = []
+logging.getLogger(d.__name__).addHandler(
+    type("H", (logging.Handler,), {"emit": lambda h, r: warnings.append(r.getMessage())})()
+)
+def packed_digest(tensors):
+    packed = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+    return d._psum_format(*d._torch_totals([packed])[0][:2])
+class WillNotCompile:  # what Triton raises for a GPU its ptxas does not know
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise RuntimeError("ptxas fatal: Value 'sm_999' is not defined")
+        return launch
+d._psum61_parts_kernel = d._psum61_chunk_kernel = WillNotCompile()
+g = torch.Generator().manual_seed(1)
+paths = {  # each reaches the kernel a different way
+    "plan": [torch.randn(300, 7), torch.randn(33)],
+    "packed": [torch.randn(8, 6).t(), torch.randn(5)],
+    "bytes": [torch.randint(0, 256, (4099,), dtype=torch.uint8, generator=g)],
+}
+for path, tensors in paths.items():
+    d._fused_failures.clear()
+    assert d.fused_digest_available(tensors), path
+    assert d.digest_tensors(tensors) == packed_digest(tensors), path
+    assert not d.fused_digest_available(tensors), path
+    assert d.digest_tensors(tensors) == packed_digest(tensors), path  # stays off
+assert len(warnings) == 3 and all("sm_999" in w for w in warnings), warnings
+print("fallback ok")
+"""
+
+
+@pytest.mark.skipif(trainer_digest.triton is None, reason="needs triton")
+def test_a_kernel_that_will_not_compile_falls_back_to_the_torch_path():
+    """A GPU whose Triton cannot build the fused kernel still verifies: the
+    digest comes from the torch path (the same string), the device stays on
+    it, and the reason is logged once, on every way into the kernel."""
+    code = FALLBACK_CHECK
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python"), "TRITON_INTERPRET": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.startswith("fallback ok")
+
+
 PLAN_CHECK = """
 import threading, torch
 from rlsync import digest as d

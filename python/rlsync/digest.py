@@ -75,6 +75,7 @@ module to compute the digests it sends.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 
@@ -174,7 +175,10 @@ def psum_totals(parts: list[torch.Tensor]) -> list[tuple[int, int, int]]:
                 f"{MAX_DIGEST_BYTES} bytes (256 GiB); this one has {part.numel()}"
             )
     if fused_digest_available(parts):
-        return _fused_totals(parts)
+        try:
+            return _fused_totals(parts)
+        except Exception as e:
+            _fused_path_failed(parts[0].device, e)
     return _torch_totals(parts)
 
 
@@ -237,12 +241,18 @@ def digest_tensors(tensors: list[torch.Tensor]) -> str:
     assert tensors, "need at least one tensor"
     plan = _cached_plan(tensors)
     if plan is not None:
-        return _psum_format(*plan.totals())
+        try:
+            return _psum_format(*plan.totals())
+        except Exception as e:
+            _fused_path_failed(plan.device, e)
     sizes = [t.numel() * t.element_size() for t in tensors]
     if any(n % 4 for n in sizes[:-1]):
         return digest_bytes(torch.cat([_as_bytes(t) for t in tensors]))
     if len(tensors) > 1 and fused_digest_available(tensors):
-        return _psum_format(*_fused_packed_totals(tensors, sizes))
+        try:
+            return _psum_format(*_fused_packed_totals(tensors, sizes))
+        except Exception as e:
+            _fused_path_failed(tensors[0].device, e)
     s = t = offset = 0
     for part_s, part_t, words in psum_totals([_as_bytes(t) for t in tensors]):
         s, t = s + part_s, t + part_t + offset * part_s
@@ -258,18 +268,41 @@ CHUNK_WORDS = 1 << 16
 TILE_WORDS = 2048
 NUM_WARPS = 8
 _host = threading.local()
+# Devices whose fused kernel failed (a Triton that cannot compile it for this
+# GPU, say), with the reason: they take the torch path from then on.
+_fused_failures: dict[torch.device, str] = {}
+logger = logging.getLogger(__name__)
 
 
 def fused_digest_available(parts: list[torch.Tensor]) -> bool:
     """Whether `psum_totals` takes the fused Triton path for these parts:
-    Triton is installed and every part is on one CUDA device (or Triton's
-    interpreter runs, TRITON_INTERPRET=1, which tests use on CPU)."""
+    Triton is installed, every part is on one CUDA device (or Triton's
+    interpreter runs, TRITON_INTERPRET=1, which tests use on CPU) and the
+    kernel has not failed on that device before."""
     if triton is None or not parts:
+        return False
+    device = parts[0].device
+    if _fused_failures and device in _fused_failures:
         return False
     if os.environ.get("TRITON_INTERPRET") == "1":
         return True
-    device = parts[0].device
     return device.type == "cuda" and all(p.device == device for p in parts)
+
+
+def _fused_path_failed(device: torch.device, error: Exception) -> None:
+    """The fused kernel raised on `device` (it would not compile or launch
+    there): the torch path, which gives the same digest, serves that device
+    from now on. A real fault of the device fails the torch path too, so
+    nothing wrong is ever accepted; only the speed is lost."""
+    reason = f"{type(error).__name__}: {error}"
+    _fused_failures[device] = reason
+    _plans().clear()
+    logger.warning(
+        "the fused digest kernel failed on %s (%s); digests there use the "
+        "torch path from now on",
+        device,
+        reason[:500],
+    )
 
 
 if triton is not None:
@@ -670,7 +703,7 @@ def _cached_plan(tensors: list[torch.Tensor]) -> "DigestPlan | None":
     """The plan digest_tensors uses for these tensors: this thread's plan
     for their layout, built now where there is none or the layout at its
     key changed (a tensor moved, grew or shrank); None without a plan."""
-    if triton is None:
+    if triton is None or (_fused_failures and tensors[0].device in _fused_failures):
         return None
     plans = _plans()
     key = (len(tensors), _data_ptr(tensors[0]), _data_ptr(tensors[-1]))
