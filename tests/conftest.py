@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import os
 import re
 import warnings
 from pathlib import Path
@@ -115,6 +116,8 @@ def pin_test_gaps() -> tuple[tuple[str, str], ...]:
 
 
 def _known_gap(item: pytest.Item) -> str | None:
+    if os.environ.get("RLSYNC_RUN_TEST_GAPS") == "1":  # triage: run them anyway
+        return None
     for prefix, reason in pin_test_gaps():
         if item.nodeid.startswith(prefix):
             return f"pins/{ACTIVE_PIN}/test-gaps: {reason}"
@@ -253,12 +256,11 @@ def _abort_open_session(server: cpu_sglang.Server) -> str | None:
     try:
         client.abort_weights_update(server.url, group_name=_PROBE_GROUP, timeout=60)
     except client.EngineError as e:
-        if e.status == 409:  # "no weight update session is open"
+        if e.status == 409:  # no weight update session is open
             return None
-        found = re.search(r"the open session is for group '(.*)', not", e.message)
-        if e.status != 400 or not found:
+        group = e.body.get("open_session_group") if isinstance(e.body, dict) else None
+        if e.status != 400 or group is None:
             raise
-        group = found.group(1)
         client.abort_weights_update(server.url, group_name=group, timeout=60)
         return group
     raise AssertionError(f"an abort for {_PROBE_GROUP!r} succeeded on {server.url}")

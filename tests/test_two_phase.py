@@ -328,6 +328,13 @@ def test_session_already_open_is_409_and_protocol_order(server_tp1, trainer_tp1)
     assert post(url, "/prepare_weights_update", payload).json()["status"] == "ready"
     second = post(url, "/prepare_weights_update", payload)
     assert second.status_code == 409 and "already open" in second.json()["message"]
+    # The session in the way is named in a field, for a restarted trainer
+    # to abort it without reading messages.
+    assert second.json()["open_session_group"] == group
+    for endpoint in ("/complete_weights_update", "/abort_weights_update"):
+        other = post(url, endpoint, {"group_name": "not-" + group})
+        assert other.status_code == 400, (endpoint, other.text)
+        assert other.json()["open_session_group"] == group, endpoint
     norm = torch.tensor(
         client.get_weights_by_name(url, "model.norm.weight", truncate_size=10**6)
     )

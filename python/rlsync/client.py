@@ -29,11 +29,23 @@ T = TypeVar("T")
 
 
 class EngineError(RuntimeError):
-    def __init__(self, url: str, endpoint: str, status: Optional[int], message: str):
+    """A call that failed: `status` is the HTTP status (None: no answer),
+    `body` the decoded answer, whose fields say more than the message (for
+    example `open_session_group`, the group of a session that is in the way)."""
+
+    def __init__(
+        self,
+        url: str,
+        endpoint: str,
+        status: Optional[int],
+        message: str,
+        body: Any = None,
+    ):
         self.url = url
         self.endpoint = endpoint
         self.status = status
         self.message = message
+        self.body = body
         where = f"{url}{endpoint}"
         super().__init__(
             f"{where}: HTTP {status}: {message}" if status else f"{where}: {message}"
@@ -148,7 +160,7 @@ def call(
     except ValueError:
         body = resp.text
     if resp.status_code >= 400:
-        raise EngineError(url, endpoint, resp.status_code, error_message(body))
+        raise EngineError(url, endpoint, resp.status_code, error_message(body), body)
     return body
 
 
@@ -162,7 +174,7 @@ def error_message(body: Any) -> str:
 
 def _ok(url: str, endpoint: str, body: Any) -> dict[str, Any]:
     if not isinstance(body, dict) or not body.get("success", False):
-        raise EngineError(url, endpoint, 200, error_message(body))
+        raise EngineError(url, endpoint, 200, error_message(body), body)
     return body
 
 

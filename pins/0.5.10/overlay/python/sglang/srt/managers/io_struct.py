@@ -1471,6 +1471,8 @@ class PrepareWeightsUpdateReqOutput(BaseReq):
     status_code: int = 200
     num_bytes: int = 0
     staging_reused: bool = False
+    # A refusal because a session of another group is open: that group
+    open_session_group: Optional[str] = None
 
 
 @dataclass
@@ -1509,6 +1511,8 @@ class CompleteWeightsUpdateReqOutput(BaseReq):
     weight_version: Optional[str] = None
     # Whether a session is still open (verified, or waiting after a timeout)
     session_open: bool = False
+    # A refusal because a session of another group is open: that group
+    open_session_group: Optional[str] = None
     # The receiver is still busy; ask again (see scheduler_wait_s)
     pending: bool = False
     stats: Dict[str, Any] = field(default_factory=dict)
@@ -1530,6 +1534,8 @@ class AbortWeightsUpdateReqOutput(BaseReq):
     status_code: int = 200
     # False: the group was left mid-collective; re-initialise it
     group_usable: bool = True
+    # A refusal because a session of another group is open: that group
+    open_session_group: Optional[str] = None
 
 
 @dataclass

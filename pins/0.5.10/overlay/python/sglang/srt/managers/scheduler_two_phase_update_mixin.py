@@ -99,6 +99,10 @@ class SchedulerTwoPhaseUpdateMixin:
         if release and self._two_phase_pool is not None:
             self._two_phase_pool.release()
 
+    def _open_session_group(self: Scheduler) -> Optional[str]:
+        session = self._two_phase_session
+        return None if session is None else session.group_name
+
     def maybe_yield_to_weight_receiver(self: Scheduler) -> None:
         """Without --sleep-on-idle an idle scheduler polls its sockets in a
         busy loop, taking a core and the GIL from the receiver thread (+38 %
@@ -187,6 +191,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 status="error",
                 message=_join_messages(failed, self.tp_size),
                 status_code=failed[0]["status_code"],
+                open_session_group=self._open_session_group(),
             )
         receiver.start()
         self._two_phase_session = _Session(
@@ -224,6 +229,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 message=f"group_name: the open session is for group "
                 f"'{session.group_name}', not '{recv_req.group_name}'",
                 status_code=400,
+                open_session_group=session.group_name,
             )
         receiver = session.receiver
         stats: Dict[str, Any] = {}
@@ -438,6 +444,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 message=f"group_name: the open session is for group "
                 f"'{session.group_name}', not '{recv_req.group_name}'",
                 status_code=400,
+                open_session_group=session.group_name,
             )
         usable = self._discard_two_phase_session(session)
         results = gather_from_tp_ranks(self, {"success": True, "usable": usable})

@@ -2199,6 +2199,8 @@ class PrepareWeightsUpdateReqOutput(BaseReq, kw_only=True):
     status_code: int = 200
     num_bytes: int = 0
     staging_reused: bool = False
+    # A refusal because a session of another group is open: that group
+    open_session_group: Optional[str] = None
 
 
 class CompleteWeightsUpdateReqInput(BaseReq, kw_only=True):
@@ -2235,6 +2237,8 @@ class CompleteWeightsUpdateReqOutput(BaseReq, kw_only=True):
     weight_version: Optional[str] = None
     # Whether a session is still open (verified, or waiting after a timeout)
     session_open: bool = False
+    # A refusal because a session of another group is open: that group
+    open_session_group: Optional[str] = None
     # The receiver is still busy; ask again (see scheduler_wait_s)
     pending: bool = False
     stats: Dict[str, Any] = msgspec.field(default_factory=dict)
@@ -2254,6 +2258,8 @@ class AbortWeightsUpdateReqOutput(BaseReq, kw_only=True):
     status_code: int = 200
     # False: the group was left mid-collective; re-initialise it
     group_usable: bool = True
+    # A refusal because a session of another group is open: that group
+    open_session_group: Optional[str] = None
 
 
 class DestroyWeightsUpdateGroupReqInput(BaseReq, kw_only=True):

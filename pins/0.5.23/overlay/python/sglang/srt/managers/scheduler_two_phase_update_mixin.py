@@ -118,6 +118,10 @@ class SchedulerTwoPhaseUpdateMixin:
             )
             updater.end_weight_update(EndWeightUpdateReqInput())
 
+    def _open_session_group(self: Scheduler) -> Optional[str]:
+        session = self._two_phase_session
+        return None if session is None else session.group_name
+
     def _check_staging_budget(self: Scheduler, buckets: List) -> None:
         """413 naming the first bucket that staging cannot hold: past
         --weight-update-staging-budget-mb, or by default past the memory the
@@ -196,6 +200,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 status="error",
                 message=_join_messages(failed, self.tp_size),
                 status_code=failed[0]["status_code"],
+                open_session_group=self._open_session_group(),
             )
         # Every rank accepted: the update runs in upstream's session.
         self.weight_updater.begin_weight_update(BeginWeightUpdateReqInput())
@@ -234,6 +239,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 message=f"group_name: the open session is for group "
                 f"'{session.group_name}', not '{recv_req.group_name}'",
                 status_code=400,
+                open_session_group=session.group_name,
             )
         receiver = session.receiver
         stats: Dict[str, Any] = {}
@@ -451,6 +457,7 @@ class SchedulerTwoPhaseUpdateMixin:
                 message=f"group_name: the open session is for group "
                 f"'{session.group_name}', not '{recv_req.group_name}'",
                 status_code=400,
+                open_session_group=session.group_name,
             )
         usable = self._discard_two_phase_session(session)
         results = gather_from_tp_ranks(self, {"success": True, "usable": usable})
