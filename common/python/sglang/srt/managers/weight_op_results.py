@@ -69,15 +69,21 @@ def gather_rank_results(handler):
 
     @functools.wraps(handler)
     def wrapper(self, recv_req):
-        output = handler(self, recv_req)
-        results = gather_from_tp_ranks(
-            self, {"success": bool(output.success), "message": str(output.message)}
-        )
-        failed = [r for r in results if not r["success"]]
-        if failed and output.success:
-            output.success = False
-            output.message = f"{rank_label(failed[0])}: {failed[0]['message']}"
-        output.rank_results = results
-        return output
+        return add_rank_results(self, handler(self, recv_req))
 
     return wrapper
+
+
+def add_rank_results(scheduler: Scheduler, output: Any) -> Any:
+    """`output` (with success and message) reporting every TP rank in
+    `rank_results`, failed if any rank failed, naming the rank. A collective
+    over the TP CPU group: every rank must call it."""
+    results = gather_from_tp_ranks(
+        scheduler, {"success": bool(output.success), "message": str(output.message)}
+    )
+    failed = [r for r in results if not r["success"]]
+    if failed and output.success:
+        output.success = False
+        output.message = f"{rank_label(failed[0])}: {failed[0]['message']}"
+    output.rank_results = results
+    return output

@@ -1333,16 +1333,16 @@ async def update_weights_from_disk(
     obj: Annotated[UpdateWeightFromDiskReqInput, Body()], request: Request
 ):
     """Update the weights from disk inplace without re-launching the server."""
-    (
-        success,
-        message,
-        num_paused_requests,
-    ) = await _global_state.tokenizer_manager.update_weights_from_disk(obj, request)
+    result = await _global_state.tokenizer_manager.update_weights_from_disk(
+        obj, request
+    )
+    success, message, num_paused_requests = result
 
     content = {
         "success": success,
         "message": message,
         "num_paused_requests": num_paused_requests,
+        "rank_results": getattr(result, "rank_results", []),
     }
     if success:
         return ORJSONResponse(
@@ -1437,10 +1437,15 @@ async def init_weights_update_group(
     obj: Annotated[InitWeightsUpdateGroupReqInput, Body()], request: Request
 ):
     """Initialize the parameter update group."""
-    success, message = await _global_state.tokenizer_manager.init_weights_update_group(
+    result = await _global_state.tokenizer_manager.init_weights_update_group(
         obj, request
     )
-    content = {"success": success, "message": message}
+    success, message = result
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": getattr(result, "rank_results", []),
+    }
     if success:
         return ORJSONResponse(content, status_code=200)
     else:
@@ -1453,11 +1458,15 @@ async def destroy_weights_update_group(
     obj: Annotated[DestroyWeightsUpdateGroupReqInput, Body()], request: Request
 ):
     """Destroy the parameter update group."""
-    (
-        success,
-        message,
-    ) = await _global_state.tokenizer_manager.destroy_weights_update_group(obj, request)
-    content = {"success": success, "message": message}
+    result = await _global_state.tokenizer_manager.destroy_weights_update_group(
+        obj, request
+    )
+    success, message = result
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": getattr(result, "rank_results", []),
+    }
     return ORJSONResponse(
         content, status_code=200 if success else HTTPStatus.BAD_REQUEST
     )
@@ -1475,11 +1484,14 @@ async def update_weights_from_tensor(
     3. Any binary data in the named tensors should be base64 encoded.
     """
 
-    success, message = await _global_state.tokenizer_manager.update_weights_from_tensor(
-        obj, request
-    )
+    result = await _global_state.tokenizer_manager.update_weights_from_tensor(obj, request)
+    success, message = result
 
-    content = {"success": success, "message": message}
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": getattr(result, "rank_results", []),
+    }
     return ORJSONResponse(
         content, status_code=200 if success else HTTPStatus.BAD_REQUEST
     )
@@ -1521,14 +1533,16 @@ async def update_weights_from_distributed(
     obj: Annotated[UpdateWeightsFromDistributedReqInput, Body()], request: Request
 ):
     """Update model parameter from distributed online."""
-    (
-        success,
-        message,
-    ) = await _global_state.tokenizer_manager.update_weights_from_distributed(
+    result = await _global_state.tokenizer_manager.update_weights_from_distributed(
         obj, request
     )
+    success, message = result
 
-    content = {"success": success, "message": message}
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": getattr(result, "rank_results", []),
+    }
     if success:
         return ORJSONResponse(content, status_code=200)
     else:
@@ -1579,11 +1593,14 @@ async def update_weights_from_ipc(
     obj: Annotated[UpdateWeightsFromIPCReqInput, Body()], request: Request
 ):
     """Update the weights from IPC (Inter-Process Communication) for checkpoint-engine integration."""
-    success, message = await _global_state.tokenizer_manager.update_weights_from_ipc(
-        obj, request
-    )
+    result = await _global_state.tokenizer_manager.update_weights_from_ipc(obj, request)
+    success, message = result
 
-    content = {"success": success, "message": message}
+    content = {
+        "success": success,
+        "message": message,
+        "rank_results": getattr(result, "rank_results", []),
+    }
     if success:
         if _global_state.tokenizer_manager.initial_weights_loaded is False:
             _global_state.tokenizer_manager.initial_weights_loaded = True

@@ -1998,6 +1998,8 @@ class UpdateWeightFromDiskReqOutput(BaseReq, kw_only=True):
     message: str
     # Number of paused requests during weight sync.
     num_paused_requests: int = 0
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class UpdateWeightsFromDistributedReqInput(BaseReq, kw_only=True):
@@ -2023,6 +2025,8 @@ class UpdateWeightsFromDistributedReqInput(BaseReq, kw_only=True):
 class UpdateWeightsFromDistributedReqOutput(BaseReq, kw_only=True):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class UpdateWeightsFromTensorReqInput(BaseReq, kw_only=True):
@@ -2051,6 +2055,8 @@ class UpdateWeightsFromTensorReqInput(BaseReq, kw_only=True):
 class UpdateWeightsFromTensorReqOutput(BaseReq, kw_only=True):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class InitWeightsSendGroupForRemoteInstanceReqInput(BaseReq, kw_only=True):
@@ -2084,6 +2090,8 @@ class UpdateWeightsFromIPCReqInput(BaseReq, kw_only=True):
 class UpdateWeightsFromIPCReqOutput(BaseReq, kw_only=True):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class InitWeightsSendGroupForRemoteInstanceReqOutput(BaseReq, kw_only=True):
@@ -2142,6 +2150,8 @@ class InitWeightsUpdateGroupReqInput(BaseReq, kw_only=True):
 class InitWeightsUpdateGroupReqOutput(BaseReq, kw_only=True):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 def check_timeout_seconds(value: Optional[float], name: str = "timeout") -> None:
@@ -2269,6 +2279,8 @@ class DestroyWeightsUpdateGroupReqInput(BaseReq, kw_only=True):
 class DestroyWeightsUpdateGroupReqOutput(BaseReq, kw_only=True):
     success: bool
     message: str
+    # One per TP rank: rank, success, message
+    rank_results: List[Dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class UpdateWeightVersionReqInput(BaseReq, kw_only=True):

@@ -299,6 +299,7 @@ from sglang.srt.managers.utils import (
     is_health_check_generate_req,
     validate_input_length,
 )
+from sglang.srt.managers.weight_op_results import add_rank_results
 from sglang.srt.managers.weight_update_health import (
     pause_watchdogs_during_weight_update,
 )
@@ -1850,19 +1851,25 @@ class Scheduler(
                 (CloseSessionReqInput, self.close_session),
                 (
                     UpdateWeightFromDiskReqInput,
-                    self._pausing_watchdogs(
-                        self.weight_updater.update_weights_from_disk
+                    self._reporting_every_rank(
+                        self._pausing_watchdogs(
+                            self.weight_updater.update_weights_from_disk
+                        )
                     ),
                 ),
                 (
                     InitWeightsUpdateGroupReqInput,
-                    self._pausing_watchdogs(
-                        self.weight_updater.init_weights_update_group
+                    self._reporting_every_rank(
+                        self._pausing_watchdogs(
+                            self.weight_updater.init_weights_update_group
+                        )
                     ),
                 ),
                 (
                     DestroyWeightsUpdateGroupReqInput,
-                    self.weight_updater.destroy_weights_update_group,
+                    self._reporting_every_rank(
+                        self.weight_updater.destroy_weights_update_group
+                    ),
                 ),
                 (PrepareWeightsUpdateReqInput, self.prepare_weights_update),
                 (
@@ -1888,20 +1895,26 @@ class Scheduler(
                 ),
                 (
                     UpdateWeightsFromDistributedReqInput,
-                    self._pausing_watchdogs(
-                        self.weight_updater.update_weights_from_distributed
+                    self._reporting_every_rank(
+                        self._pausing_watchdogs(
+                            self.weight_updater.update_weights_from_distributed
+                        )
                     ),
                 ),
                 (
                     UpdateWeightsFromTensorReqInput,
-                    self._pausing_watchdogs(
-                        self.weight_updater.update_weights_from_tensor
+                    self._reporting_every_rank(
+                        self._pausing_watchdogs(
+                            self.weight_updater.update_weights_from_tensor
+                        )
                     ),
                 ),
                 (
                     UpdateWeightsFromIPCReqInput,
-                    self._pausing_watchdogs(
-                        self.weight_updater.update_weights_from_ipc
+                    self._reporting_every_rank(
+                        self._pausing_watchdogs(
+                            self.weight_updater.update_weights_from_ipc
+                        )
                     ),
                 ),
                 (
@@ -6199,6 +6212,11 @@ class Scheduler(
             lambda scheduler, recv_req: handler(recv_req)
         )
         return partial(paused, self)
+
+    def _reporting_every_rank(self, handler):
+        """A weight operation's handler whose output reports every TP rank's
+        result (rank_results) and fails if any rank failed."""
+        return lambda recv_req: add_rank_results(self, handler(recv_req))
 
     def handle_freeze_gc(self, recv_req: FreezeGCReq):
         """Handle freeze_gc request: freeze scheduler's GC and forward to detokenizer."""

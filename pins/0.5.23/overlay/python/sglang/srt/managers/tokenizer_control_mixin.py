@@ -89,6 +89,7 @@ from sglang.srt.managers.io_struct import (
     UpdateWeightVersionReqOutput,
 )
 from sglang.srt.managers.load_snapshot import LoadSnapshot
+from sglang.srt.managers.weight_op_results import RankedResult, rank_results_of
 from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.runtime_context import (
     get_disagg,
@@ -461,7 +462,9 @@ class TokenizerControlMixin:
         )
 
         results = await self.init_weights_update_group_communicator(obj)
-        return FanOutCommunicator.merge_results(results)
+        return RankedResult(
+            FanOutCommunicator.merge_results(results), rank_results_of(results)
+        )
 
     async def destroy_weights_update_group(
         self: TokenizerManager,
@@ -474,7 +477,9 @@ class TokenizerControlMixin:
         )
 
         results = await self.destroy_weights_update_group_communicator(obj)
-        return FanOutCommunicator.merge_results(results)
+        return RankedResult(
+            FanOutCommunicator.merge_results(results), rank_results_of(results)
+        )
 
     async def _weight_update_session_call(
         self: TokenizerManager, communicator, obj
@@ -541,7 +546,7 @@ class TokenizerControlMixin:
             self._update_weight_version_if_provided(obj.weight_version)
             message += f" Weight version updated to {obj.weight_version}."
 
-        return success, message
+        return RankedResult((success, message), rank_results_of(results))
 
     async def init_weights_send_group_for_remote_instance(
         self: TokenizerManager,
@@ -605,7 +610,7 @@ class TokenizerControlMixin:
             self._update_weight_version_if_provided(obj.weight_version)
             message += f" Weight version updated to {obj.weight_version}."
 
-        return success, message
+        return RankedResult((success, message), rank_results_of(results))
 
     @track_weight_update("update_weights_from_ipc")
     async def update_weights_from_ipc(
@@ -615,6 +620,7 @@ class TokenizerControlMixin:
     ) -> Tuple[bool, str]:
         """Update weights via IPC for checkpoint-engine integration."""
         self.auto_create_handle_loop()
+        results = []
         try:
             # For now, we only support single data parallel instance
             assert get_parallel().dp_size == 1, (
@@ -642,7 +648,7 @@ class TokenizerControlMixin:
             self._update_weight_version_if_provided(obj.weight_version)
             message += f" Weight version updated to {obj.weight_version}."
 
-        return success, message
+        return RankedResult((success, message), rank_results_of(results))
 
     async def _unload_lora_adapter_locked(
         self: TokenizerManager,

@@ -131,6 +131,7 @@ from sglang.srt.managers.utils import (
     compute_num_reserved_tokens,
     is_health_check_generate_req,
 )
+from sglang.srt.managers.weight_op_results import RankedResult, rank_results_of
 from sglang.srt.managers.weight_update_health import (
     WeightUpdateTracker,
     track_weight_update,
@@ -2323,11 +2324,8 @@ class TokenizerManager(
             self.model_update_lock.writer_lock if not is_paused else nullcontext()
         )
         async with lock_context:
-            (
-                success,
-                message,
-                num_paused_requests,
-            ) = await self._wait_for_model_update_from_disk(obj)
+            result = await self._wait_for_model_update_from_disk(obj)
+        success, message, num_paused_requests = result
 
         if success and obj.flush_cache and self.mm_processor is not None:
             self.mm_processor.clear_preprocess_cache()
@@ -2335,7 +2333,10 @@ class TokenizerManager(
             self._update_weight_version_if_provided(obj.weight_version)
             message += f" Weight version updated to {obj.weight_version}."
 
-        return success, message, num_paused_requests
+        return RankedResult(
+            (success, message, num_paused_requests),
+            getattr(result, "rank_results", []),
+        )
 
     def record_config_updates(self, source: str, **fields) -> None:
         """Record a control-plane config change: a weight update, a parser
@@ -2397,7 +2398,10 @@ class TokenizerManager(
             result = await self.model_update_result
             if result.success:
                 self._update_model_path_info(obj.model_path, obj.load_format)
-            return result.success, result.message, result.num_paused_requests
+            return RankedResult(
+                (result.success, result.message, result.num_paused_requests),
+                rank_results_of([result]),
+            )
         else:
             result = await self.model_update_result
 

@@ -10,4 +10,5 @@ FEATURES = (
     "secret_redaction",
     "watchdog_pause",
     "health_while_updating",
+    "rank_results",
 )
