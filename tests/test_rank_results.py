@@ -1,4 +1,5 @@
-"""Admin weight operations at TP 2 answer every rank's result (patch 0007)."""
+"""Admin weight operations at TP 2 answer every rank's result (the
+`rank_results` feature)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,16 @@ def test_group_update_destroy_and_disk_answer_every_rank(server_tp2, tiny_model)
     value = original.to(torch.bfloat16)
     update_body = dict(names=[name], dtypes=["bfloat16"], shapes=[list(value.shape)])
     update_body.update(group_name=group)
-    update = pool.submit(post, url, "/update_weights_from_distributed", update_body)
-    dist.broadcast(value, src=0, group=pg)
-    resp = update.result()
+    # Upstream's single-phase update runs inside its session where the
+    # release has one (0.5.23).
+    opened = client.begin_weight_update(url)
+    try:
+        update = pool.submit(post, url, "/update_weights_from_distributed", update_body)
+        dist.broadcast(value, src=0, group=pg)
+        resp = update.result()
+    finally:
+        if opened:
+            client.end_weight_update(url)
     assert resp.status_code == 200, resp.text
     assert_two_ranks(resp.json())
 
@@ -60,10 +68,20 @@ def test_group_update_destroy_and_disk_answer_every_rank(server_tp2, tiny_model)
 
 
 def test_failed_group_init_reports_both_ranks(server_tp2):
-    body = dict(master_address="127.0.0.1", master_port=free_port(), rank_offset=1)
-    body.update(world_size=3, group_name="nobody", backend="gloo", timeout=3)
-    resp = post(server_tp2.url, "/init_weights_update_group", body)
-    assert resp.status_code == 400
-    body = resp.json()
-    assert not body["success"]
-    assert_two_ranks(body, success=False)
+    """A group init every rank refuses at once (its name is a live group's),
+    so none waits for a trainer that never comes."""
+    url, group, port = server_tp2.url, f"taken_{free_port()}", free_port()
+    body = dict(master_address="127.0.0.1", master_port=port, rank_offset=1)
+    body.update(world_size=3, group_name=group, backend="gloo")
+    init = pool.submit(post, url, "/init_weights_update_group", body)
+    pg = join_update_group("127.0.0.1", port, 3, group_name=group, timeout=60)
+    try:
+        assert init.result().status_code == 200
+        resp = post(url, "/init_weights_update_group", {**body, "master_port": 1})
+        assert resp.status_code == 400, resp.text
+        answer = resp.json()
+        assert not answer["success"] and "already exists" in answer["message"]
+        assert_two_ranks(answer, success=False)
+    finally:
+        post(url, "/destroy_weights_update_group", {"group_name": group})
+        leave_update_group(pg)

@@ -118,7 +118,12 @@ def decide_request_auth(
         parts = authorization_header.split(" ", 1)
         if len(parts) != 2 or parts[0].lower() != "bearer":
             return False
-        return secrets.compare_digest(parts[1], expected_token)
+        # As bytes: compare_digest raises on a str that is not ASCII, and
+        # a caller's header may hold anything.
+        return secrets.compare_digest(
+            parts[1].encode("utf-8", "surrogateescape"),
+            expected_token.encode("utf-8", "surrogateescape"),
+        )
 
     # Force-auth endpoints: only admin_api_key can unlock them; if admin_api_key is unset,
     # reject them unconditionally (explicitly "not allowed").

@@ -11,4 +11,5 @@ FEATURES = (
     "watchdog_pause",
     "health_while_updating",
     "rank_results",
+    "admin_api_key_env",
 )
