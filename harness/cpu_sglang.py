@@ -256,6 +256,16 @@ class PortTaken(RuntimeError):
     """Another process bound the server's port between its pick and its bind."""
 
 
+def _mem_fraction_static() -> str:
+    """The static memory fraction. --max-total-tokens bounds the KV cache, so
+    the fraction only bounds what the server may take. From 0.5.11 on, SGLang
+    refuses to start ("Loaded weights leave no GPU memory for the KV cache")
+    when other processes took more host memory while it loaded its weights
+    than the fraction leaves: 5 % failed whenever a trainer or another server
+    started beside it on this machine."""
+    return "0.05" if sglang_version() == "0.5.10" else "0.3"
+
+
 def _launch_once(
     model_path: Path,
     log_path: Path,
@@ -278,7 +288,7 @@ def _launch_once(
         "--attention-backend": "torch_native",
         "--host": address,
         "--port": str(port),
-        "--mem-fraction-static": "0.05",
+        "--mem-fraction-static": _mem_fraction_static(),
         "--max-total-tokens": "4096",
         "--tp": str(tp),
     }

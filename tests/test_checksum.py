@@ -57,7 +57,7 @@ def test_tp2_answers_every_rank(server_tp2):
         assert body["num_bytes"] == sum(r["num_bytes"] for r in ranks)
 
 
-@pytest.mark.needs("rank_results")
+@pytest.mark.needs("rank_results", "weights_checksum")  # the series' checker
 def test_other_actions_answer_per_rank(server_tp2):
     resp = requests.post(
         server_tp2.url + "/weights_checker", json={"action": "snapshot"}, timeout=60

@@ -1625,8 +1625,10 @@ class Engine(EngineScoreMixin, EngineBase):
         world_size: int,
         group_name: str,
         backend: str = "nccl",
+        timeout: Optional[float] = None,
     ):
-        """Initialize parameter update group."""
+        """Initialize parameter update group; `timeout`: seconds to wait for
+        every rank to join (None: torch's default, 30 minutes)."""
         obj = InitWeightsUpdateGroupReqInput(
             master_address=master_address,
             master_port=master_port,
@@ -1634,6 +1636,7 @@ class Engine(EngineScoreMixin, EngineBase):
             world_size=world_size,
             group_name=group_name,
             backend=backend,
+            timeout=timeout,
         )
         return self.loop.run_until_complete(
             self.tokenizer_manager.init_weights_update_group(obj, None)

@@ -2145,6 +2145,13 @@ class InitWeightsUpdateGroupReqInput(BaseReq, kw_only=True):
     group_name: str = "weight_update_group"
     # The backend
     backend: str = "nccl"
+    # Seconds the whole init may take (None, and at most: the operator's
+    # --weight-update-health-deadline)
+    timeout: Optional[StrictFloat] = None
+
+    def __post_init__(self):
+        check_timeout_seconds(self.timeout)
+        check_group_name(self.group_name)
 
 
 class InitWeightsUpdateGroupReqOutput(BaseReq, kw_only=True):

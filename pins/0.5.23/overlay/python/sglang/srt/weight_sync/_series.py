@@ -12,4 +12,6 @@ FEATURES = (
     "health_while_updating",
     "rank_results",
     "admin_api_key_env",
+    "init_weights_update_group_timeout",
+    "update_group_on_route",
 )

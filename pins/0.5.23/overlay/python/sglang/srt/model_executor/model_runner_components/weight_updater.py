@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import datetime
 import gc
 import logging
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from sglang.srt.weight_sync.tensor_bucket import (
     FlattenedTensorBucket,
     FlattenedTensorMetadata,
 )
+from sglang.srt.weight_sync.update_group_net import init_group_on_route
 
 if TYPE_CHECKING:
     from sglang.srt.configs.model_config import ModelConfig
@@ -105,6 +107,7 @@ class WeightUpdater:
         world_size,
         group_name,
         backend="nccl",
+        timeout: Optional[float] = None,
     ):
         """Initialize the Torch process group for model parameter updates.
 
@@ -136,14 +139,29 @@ class WeightUpdater:
             f"rank_offset={rank_offset}, rank={rank}, world_size={world_size}, group_name={group_name}, backend={backend}"
         )
 
+        # The operator's deadline bounds the init: it blocks this scheduler.
+        deadline = self.get_model_runner().server_args.weight_update_health_deadline
+        timeout = deadline if timeout is None else min(timeout, deadline)
         try:
             na = NetworkAddress(master_address, master_port)
-            self._model_update_group[group_name] = init_custom_process_group(
+            # Bound to the interface that routes to the master (unless
+            # GLOO/NCCL_SOCKET_IFNAME is set); the whole init within timeout.
+            self._model_update_group[group_name] = init_group_on_route(
+                lambda left: init_custom_process_group(
+                    backend=backend,
+                    init_method=na.to_tcp(),
+                    world_size=world_size,
+                    rank=rank,
+                    group_name=group_name,
+                    timeout=(
+                        None if left is None else datetime.timedelta(seconds=left)
+                    ),
+                ),
                 backend=backend,
-                init_method=na.to_tcp(),
-                world_size=world_size,
-                rank=rank,
-                group_name=group_name,
+                master_address=master_address,
+                master_port=master_port,
+                timeout=timeout,
+                hosts_rendezvous=rank == 0,
             )
             return True, "Succeeded to initialize custom process group."
         except Exception as e:
