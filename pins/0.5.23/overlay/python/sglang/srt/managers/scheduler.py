@@ -6199,6 +6199,8 @@ class Scheduler(
     def maybe_sleep_on_idle(self):
         if self.idle_sleeper is not None:
             self.idle_sleeper.maybe_sleep()
+        else:
+            self.maybe_yield_to_weight_receiver()
 
     @property
     def send_to_detokenizer(self):

@@ -14,4 +14,5 @@ FEATURES = (
     "admin_api_key_env",
     "init_weights_update_group_timeout",
     "update_group_on_route",
+    "idle_scheduler_yields_to_receiver",
 )
