@@ -1,0 +1,1 @@
+"""Runnable examples of the rlsync library (`python -m examples.<name>`)."""
