@@ -1872,10 +1872,7 @@ class Scheduler(
                     ),
                 ),
                 (PrepareWeightsUpdateReqInput, self.prepare_weights_update),
-                (
-                    CompleteWeightsUpdateReqInput,
-                    self._pausing_watchdogs(self.complete_weights_update),
-                ),
+                (CompleteWeightsUpdateReqInput, self.complete_weights_update),
                 (AbortWeightsUpdateReqInput, self.abort_weights_update),
                 (
                     InitWeightsSendGroupForRemoteInstanceReqInput,

@@ -1,0 +1,512 @@
+"""Two-phase weight update on the scheduler: prepare, complete, abort.
+
+`prepare` validates the whole update, stages buffers and starts the receiver
+(`StagedWeightReceiver`, its own thread) before it answers, so the trainer can
+broadcast at once: the race of the single-phase path is gone. Serving goes on
+during the transfer. `complete` waits for the receiver, verifies every bucket
+on every TP rank, and only then applies, in one step between two batches: a
+failed, short or corrupted update leaves the old weights serving.
+
+The same on every release: what differs between releases (where the update
+groups live, the scheduler's request sockets, a weight-update session of the
+release's own, how the model loads the staged tensors) is asked of
+`SchedulerTwoPhaseUpdateHooks`, which each release's series provides in
+scheduler_two_phase_update_hooks.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+import torch
+import zmq
+
+from sglang.srt.managers.io_struct import (
+    AbortWeightsUpdateReqInput,
+    AbortWeightsUpdateReqOutput,
+    CompleteWeightsUpdateReqInput,
+    CompleteWeightsUpdateReqOutput,
+    PrepareWeightsUpdateReqInput,
+    PrepareWeightsUpdateReqOutput,
+)
+from sglang.srt.managers.scheduler_two_phase_update_hooks import (
+    SchedulerTwoPhaseUpdateHooks,
+)
+from sglang.srt.managers.weight_op_results import gather_from_tp_ranks
+from sglang.srt.managers.weight_update_health import (
+    pause_watchdogs_during_weight_update,
+)
+from sglang.srt.weight_sync.load_check import (
+    LoadCheckError,
+    check_declared_shapes,
+    check_loadable,
+)
+from sglang.srt.weight_sync.staged_receiver import (
+    StagedWeightReceiver,
+    StagingPool,
+    WeightsUpdateError,
+    parse_buckets,
+)
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COMPLETE_TIMEOUT = 300.0
+# How long an idle scheduler waits on its sockets while a receive runs; a
+# request wakes it at once.
+_IDLE_POLL_MS = 50
+
+
+@dataclass
+class _Session:
+    group_name: str
+    receiver: StagedWeightReceiver
+    weight_version: Optional[str] = None
+    verified: bool = False
+
+
+def _known_name_checker(model) -> Optional[Callable[[str], bool]]:
+    """Names the model's loader accepts, where the model can tell: models that
+    declare `stacked_params_mapping` (Llama and its kin). Others accept any
+    name here and their loader decides."""
+    mapping = getattr(model, "stacked_params_mapping", None)
+    if mapping is None:
+        return None
+    params = {name for name, _ in model.named_parameters()}
+
+    def is_known(name: str) -> bool:
+        if name in params:
+            return True
+        for entry in mapping:
+            param_name, weight_name = entry[0], entry[1]
+            if weight_name in name and name.replace(weight_name, param_name) in params:
+                return True
+        return False
+
+    return is_known
+
+
+class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
+    """Handlers for PrepareWeightsUpdateReqInput, CompleteWeightsUpdateReqInput
+    and AbortWeightsUpdateReqInput; every TP rank runs them in the same loop
+    iteration, and answers are gathered over the TP CPU group."""
+
+    _two_phase_session: Optional[_Session] = None
+    _two_phase_pool: Optional[StagingPool] = None
+    # Groups dropped with a receive still posted: freeing one joins its
+    # worker threads, which block until the peer sends or goes away.
+    _abandoned_update_groups: Optional[List] = None
+    _receive_idle_poller: Optional[zmq.Poller] = None
+
+    def _end_two_phase_session(self: Scheduler, release: bool) -> None:
+        """Close the session (every TP rank calls this at the same point)."""
+        self._two_phase_session = None
+        if release and self._two_phase_pool is not None:
+            self._two_phase_pool.release()
+        self._end_release_session()
+
+    def _open_session_group(self: Scheduler) -> Optional[str]:
+        session = self._two_phase_session
+        return None if session is None else session.group_name
+
+    def maybe_yield_to_weight_receiver(self: Scheduler) -> None:
+        """Without --sleep-on-idle an idle scheduler polls its sockets in a
+        busy loop, taking a core and the GIL from the receiver thread (+38 %
+        receive time on CPU). While a receive runs, wait on them instead."""
+        session = self._two_phase_session
+        if session is None or session.receiver.done:
+            return
+        if self._receive_idle_poller is None:
+            sockets = self._request_sockets()
+            if not sockets:  # ranks that get requests by broadcast block there
+                return
+            self._receive_idle_poller = zmq.Poller()
+            for socket in sockets:
+                self._receive_idle_poller.register(socket, zmq.POLLIN)
+        self._receive_idle_poller.poll(_IDLE_POLL_MS)
+
+    def _check_staging_budget(self: Scheduler, buckets: List) -> None:
+        """413 naming the first bucket that staging cannot hold: past
+        --weight-update-staging-budget-mb, or by default past the memory the
+        device has free (plus the staging already held for reuse)."""
+        budget_mb = self.server_args.weight_update_staging_budget_mb
+        if budget_mb is not None:
+            limit = budget_mb * 2**20
+            what = f"the --weight-update-staging-budget-mb of {budget_mb} MiB"
+        else:
+            held = 0 if self._two_phase_pool is None else self._two_phase_pool.nbytes
+            limit = _free_memory(self.tp_worker.model_runner.device) + held
+            what = f"the {limit / 2**20:.0f} MiB the device can hold now"
+        total = 0
+        for bucket in buckets:
+            total += bucket.nbytes
+            if total > limit:
+                raise WeightsUpdateError(
+                    f"buckets[{bucket.index}]: staging needs {total / 2**20:.1f} "
+                    f"MiB up to this bucket, more than {what}",
+                    status_code=413,
+                )
+
+    def prepare_weights_update(
+        self: Scheduler, recv_req: PrepareWeightsUpdateReqInput
+    ) -> PrepareWeightsUpdateReqOutput:
+        model_runner = self.tp_worker.model_runner
+        receiver = None
+        try:
+            if self._two_phase_session is not None:
+                raise WeightsUpdateError(
+                    f"a weight update session is already open for group "
+                    f"'{self._two_phase_session.group_name}'; complete or abort it first",
+                    status_code=409,
+                )
+            self._refuse_beside_release_session()
+            group = self._update_groups.get(recv_req.group_name)
+            if group is None:
+                raise WeightsUpdateError(
+                    f"group_name: no update group '{recv_req.group_name}' on this "
+                    f"server; call /init_weights_update_group first"
+                )
+            buckets = parse_buckets(
+                recv_req.num_buckets,
+                recv_req.buckets,
+                recv_req.load_format,
+                _known_name_checker(model_runner.model),
+            )
+            self._check_staging_budget(buckets)
+            _check_loadable(
+                model_runner.model, self.server_args.model_path, self.tp_size, buckets
+            )
+            if self._two_phase_pool is None:
+                self._two_phase_pool = StagingPool(model_runner.device)
+            receiver = StagedWeightReceiver(
+                buckets, group, self._two_phase_pool, recv_req.load_format
+            )
+            local = {"success": True, "message": "", "status_code": 200}
+        except WeightsUpdateError as e:
+            local = {"success": False, "message": str(e), "status_code": e.status_code}
+        except Exception as e:
+            logger.exception("prepare_weights_update failed")
+            local = {"success": False, "message": str(e), "status_code": 500}
+
+        results = gather_from_tp_ranks(self, local)
+        failed = [r for r in results if not r["success"]]
+        if failed:
+            # Nothing has moved yet: the trainer broadcasts only after "ready".
+            if receiver is not None and self._two_phase_session is None:
+                self._two_phase_pool.release()
+            return PrepareWeightsUpdateReqOutput(
+                status="error",
+                message=_join_messages(failed, self.tp_size),
+                status_code=failed[0]["status_code"],
+                open_session_group=self._open_session_group(),
+            )
+        # Every rank accepted: the update runs in the release's session.
+        self._begin_release_session()
+        receiver.start()
+        self._two_phase_session = _Session(
+            recv_req.group_name, receiver, recv_req.weight_version
+        )
+        return PrepareWeightsUpdateReqOutput(
+            status="ready",
+            message="",
+            num_bytes=receiver.total_bytes,
+            staging_reused=receiver.stats.staging_reused,
+        )
+
+    @pause_watchdogs_during_weight_update
+    def complete_weights_update(
+        self: Scheduler, recv_req: CompleteWeightsUpdateReqInput
+    ) -> CompleteWeightsUpdateReqOutput:
+        output = self._complete_weights_update(recv_req)
+        output.session_open = self._two_phase_session is not None
+        return output
+
+    def _complete_weights_update(
+        self: Scheduler, recv_req: CompleteWeightsUpdateReqInput
+    ) -> CompleteWeightsUpdateReqOutput:
+        session = self._two_phase_session
+        if session is None:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message="no weight update session is open; call "
+                "/prepare_weights_update first",
+                status_code=409,
+            )
+        if session.group_name != recv_req.group_name:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message=f"group_name: the open session is for group "
+                f"'{session.group_name}', not '{recv_req.group_name}'",
+                status_code=400,
+                open_session_group=session.group_name,
+            )
+        receiver = session.receiver
+        stats: Dict[str, Any] = {}
+
+        # 1. Wait for every bucket and verify it, on every rank.
+        t0 = time.perf_counter()
+        timeout = recv_req.timeout
+        if timeout is None:
+            timeout = DEFAULT_COMPLETE_TIMEOUT
+        local = {"success": True, "message": "", "timed_out": False}
+        if not session.verified:
+            polling = recv_req.scheduler_wait_s is not None
+            done = receiver.wait(recv_req.scheduler_wait_s if polling else timeout)
+            if not done and polling:
+                # Let batches run meanwhile; the tokenizer manager asks again.
+                local = {"success": False, "pending": True, "message": ""}
+            elif not done:
+                local = {
+                    "success": False,
+                    "timed_out": True,
+                    "message": f"timed out after {timeout:.0f}s with "
+                    f"{receiver.stats.buckets_received} of {len(receiver.buckets)} "
+                    f"buckets received; complete again or abort",
+                }
+            elif not receiver.complete:
+                local = {
+                    "success": False,
+                    "timed_out": False,
+                    "message": f"receive failed after {receiver.stats.buckets_received} "
+                    f"of {len(receiver.buckets)} buckets: {receiver.error}",
+                }
+            else:
+                receiver.synchronize()
+                errors = receiver.verify()
+                if errors:
+                    local = {
+                        "success": False,
+                        "timed_out": False,
+                        "message": "verification failed, nothing applied: "
+                        + "; ".join(errors),
+                    }
+        stats["wait_seconds"] = time.perf_counter() - t0
+        stats.update(
+            bytes_received=receiver.stats.bytes_received,
+            receive_seconds=receiver.stats.receive_seconds,
+            verify_seconds=receiver.stats.verify_seconds,
+            staging_reused=receiver.stats.staging_reused,
+        )
+        local["buckets"] = receiver.stats.buckets_received
+        results = gather_from_tp_ranks(self, local)
+        num_received = min(r["buckets"] for r in results)
+        failed = [r for r in results if not r["success"] and not r.get("pending")]
+        if not failed and any(r.get("pending") for r in results):
+            return CompleteWeightsUpdateReqOutput(
+                success=False, num_buckets_received=num_received, pending=True
+            )
+        if failed:
+            if not all(r.get("timed_out") for r in failed):
+                # A broken or corrupted transfer: discard it, old weights stay.
+                self._discard_two_phase_session(session)
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                num_buckets_received=num_received,
+                message=_join_messages(failed, self.tp_size),
+                status_code=400,
+                stats=stats,
+                rank_results=_rank_summary(results),
+            )
+        session.verified = True
+        # 2. A cache flush needs an idle scheduler: check before applying.
+        if recv_req.flush_cache:
+            busy = gather_from_tp_ranks(self, {"busy": not self.is_fully_idle()})
+            if any(r["busy"] for r in busy):
+                if recv_req.drain:
+                    # New requests wait in the tokenizer manager; let the
+                    # in-flight ones finish, then try again.
+                    return CompleteWeightsUpdateReqOutput(
+                        success=False,
+                        num_buckets_received=num_received,
+                        ready_to_apply=True,
+                        pending=True,
+                    )
+                return CompleteWeightsUpdateReqOutput(
+                    success=False,
+                    num_buckets_received=num_received,
+                    message="flush_cache: requests are in flight (generation is "
+                    "paused in place), and a cache flush needs them finished; "
+                    "nothing applied: continue generation and complete again, "
+                    "or complete without flush_cache",
+                    status_code=409,
+                    ready_to_apply=True,
+                    stats=stats,
+                )
+
+        if not recv_req.apply:
+            return CompleteWeightsUpdateReqOutput(
+                success=True,
+                num_buckets_received=num_received,
+                message="received and verified; not applied (apply=false)",
+                ready_to_apply=True,
+                stats=stats,
+                rank_results=_rank_summary(results),
+            )
+
+        # 3. Apply, in one step between two batches, on every rank.
+        t2 = time.perf_counter()
+        try:
+            if torch.cuda.is_available() and receiver.buffer.is_cuda:
+                torch.cuda.current_stream().synchronize()
+            self._load_staged_weights(receiver)
+            local = {"success": True, "message": ""}
+        except Exception as e:
+            logger.exception("complete_weights_update: apply failed")
+            local = {
+                "success": False,
+                "message": f"apply failed: {e}; the weights may be partially "
+                f"updated, reload them",
+            }
+        stats["apply_seconds"] = time.perf_counter() - t2
+        flushed = None
+        if recv_req.flush_cache and local["success"]:
+            flushed = self.flush_cache()
+            if not flushed:
+                local = {
+                    "success": False,
+                    "message": "applied, but the cache flush failed: cached "
+                    "prefixes may still hold the old weights' KV; call /flush_cache",
+                }
+        results = gather_from_tp_ranks(self, local)
+        failed = [r for r in results if not r["success"]]
+        applied = not failed or flushed is False
+        if applied:
+            self._record_applied_version(
+                recv_req.weight_version or session.weight_version
+            )
+        self._end_two_phase_session(release=recv_req.release_staging)
+        return CompleteWeightsUpdateReqOutput(
+            success=not failed,
+            num_buckets_received=num_received,
+            message=(
+                _join_messages(failed, self.tp_size)
+                if failed
+                else f"applied {num_received} buckets"
+                + (" and flushed the cache" if flushed else "")
+            ),
+            status_code=500 if failed else 200,
+            ready_to_apply=False,
+            applied=applied,
+            weight_version=(
+                (recv_req.weight_version or session.weight_version) if applied else None
+            ),
+            stats=stats,
+            rank_results=_rank_summary(results),
+        )
+
+    def _discard_two_phase_session(self: Scheduler, session: _Session) -> bool:
+        """Stop the receiver, drop a group left mid-collective, free staging."""
+        usable = session.receiver.abort()
+        abandoned = [
+            (g, works)
+            for g, works in self._abandoned_update_groups or []
+            if not all(w.is_completed() for w in works)
+        ]
+        if not usable:
+            group = self._update_groups.pop(session.group_name, None)
+            if group is not None:
+                # Unregister the name so the group can be initialised again,
+                # but keep the object alive until its receive ends.
+                torch.distributed.destroy_process_group(group)
+                abandoned.append((group, list(session.receiver.pending_works)))
+        self._abandoned_update_groups = abandoned
+        self._end_two_phase_session(release=True)
+        return usable
+
+    def two_phase_session_conflict(
+        self: Scheduler, group_name: str, operation: str
+    ) -> Optional[str]:
+        """Why `operation` may not touch `group_name` now: an open session
+        owns its group until it completes or aborts."""
+        session = self._two_phase_session
+        if session is None or session.group_name != group_name:
+            return None
+        return (
+            f"group_name: a weight update session is open on group "
+            f"'{group_name}'; complete or abort it before {operation}"
+        )
+
+    def abort_two_phase_session_on_group(
+        self: Scheduler, group_name: str
+    ) -> Optional[str]:
+        """Before the group is destroyed: discard a session open on it, so
+        that nothing frees the group under a posted receive."""
+        session = self._two_phase_session
+        if session is None or session.group_name != group_name:
+            return None
+        self._discard_two_phase_session(session)
+        return "the weight update session open on it was aborted (the served weights are unchanged)"
+
+    def abort_weights_update(
+        self: Scheduler, recv_req: AbortWeightsUpdateReqInput
+    ) -> AbortWeightsUpdateReqOutput:
+        session = self._two_phase_session
+        if session is None:
+            groups = self._update_groups
+            return AbortWeightsUpdateReqOutput(
+                success=False,
+                message="no weight update session is open; nothing to abort",
+                status_code=409,
+                group_usable=recv_req.group_name in groups,
+            )
+        if session.group_name != recv_req.group_name:
+            return AbortWeightsUpdateReqOutput(
+                success=False,
+                message=f"group_name: the open session is for group "
+                f"'{session.group_name}', not '{recv_req.group_name}'",
+                status_code=400,
+                open_session_group=session.group_name,
+            )
+        usable = self._discard_two_phase_session(session)
+        results = gather_from_tp_ranks(self, {"success": True, "usable": usable})
+        usable = all(r["usable"] for r in results)
+        message = "aborted; the served weights are unchanged"
+        if not usable:
+            message += (
+                f"; group '{session.group_name}' was left mid-transfer and was "
+                f"destroyed: call /init_weights_update_group again"
+            )
+        return AbortWeightsUpdateReqOutput(
+            success=True, message=message, group_usable=usable
+        )
+
+
+def _free_memory(device) -> int:
+    """Bytes free where staging is allocated."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def _check_loadable(model, model_path: str, tp_size: int, buckets: List) -> None:
+    """Fail prepare, naming the field, for anything the apply would reject
+    or would load wrongly."""
+    specs = [(b.index, i, t) for b in buckets for i, t in enumerate(b.tensors)]
+    tensors = [(t.name, t.dtype, t.shape) for _, _, t in specs]
+    try:
+        check_declared_shapes(model, model_path, tp_size, tensors)
+        check_loadable(model, tensors)
+    except LoadCheckError as e:
+        bucket, position, _ = specs[e.index]
+        raise WeightsUpdateError(f"buckets[{bucket}].{e.field}[{position}]: {e}")
+
+
+def _join_messages(failed: List[Dict], tp_size: int) -> str:
+    messages = sorted({r["message"] for r in failed})
+    if tp_size == 1:
+        return messages[0]
+    ranks = ",".join(str(r["rank"]) for r in failed)
+    return f"rank(s) {ranks}: " + " | ".join(messages)
+
+
+def _rank_summary(results: List[Dict]) -> List[Dict[str, Any]]:
+    keys = ("dp_rank", "rank", "success", "message")
+    return [{k: r[k] for k in keys if k in r} for r in results]

@@ -1,0 +1,43 @@
+"""What SGLang 0.5.10's scheduler provides the two-phase weight update
+(scheduler_two_phase_update_mixin, the same on every release): where the
+update groups live, the sockets an idle scheduler waits on, and how the model
+loads the staged tensors. This release has no weight-update session of its
+own, so there is nothing to open, close or refuse beside one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+import zmq
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.weight_sync.staged_receiver import StagedWeightReceiver
+
+
+class SchedulerTwoPhaseUpdateHooks:
+    @property
+    def _update_groups(self: Scheduler) -> Dict[str, Any]:
+        return self.tp_worker.model_runner._model_update_group
+
+    def _request_sockets(self: Scheduler) -> List[zmq.Socket]:
+        """The sockets requests arrive on; none on ranks that get them by
+        broadcast from rank 0."""
+        sockets = (self.recv_from_tokenizer, self.recv_from_rpc)
+        return [socket for socket in sockets if socket is not None]
+
+    def _refuse_beside_release_session(self: Scheduler) -> None:
+        """Nothing to refuse: this release has no session of its own."""
+
+    def _begin_release_session(self: Scheduler) -> None:
+        """Nothing to open."""
+
+    def _end_release_session(self: Scheduler) -> None:
+        """Nothing to close."""
+
+    def _load_staged_weights(self: Scheduler, receiver: StagedWeightReceiver) -> None:
+        self.tp_worker.model_runner.model.load_weights(receiver.named_tensors())
+
+    def _record_applied_version(self: Scheduler, version: Optional[str]) -> None:
+        """The tokenizer manager records it from the complete's answer."""

@@ -1,0 +1,74 @@
+"""What SGLang 0.5.23's scheduler provides the two-phase weight update
+(scheduler_two_phase_update_mixin, the same on every release).
+
+A two-phase update runs inside upstream's weight-update session: `prepare`
+begins it (once every rank has accepted the update), `complete` ends it after
+the apply, and an abort or a discarded transfer ends it too. While it is open
+upstream's begin_weight_update is refused, and so are end_weight_update,
+re-initialising its group and a single-phase update on that group. The
+update groups live in the model runner's weight updater, and the staged
+tensors load into every runner the weight updater selects (the target and
+a draft model).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+import msgspec
+import zmq
+
+from sglang.srt.managers.io_struct import (
+    BeginWeightUpdateReqInput,
+    EndWeightUpdateReqInput,
+)
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.weight_sync.staged_receiver import WeightsUpdateError
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.weight_sync.staged_receiver import StagedWeightReceiver
+
+
+class SchedulerTwoPhaseUpdateHooks:
+    @property
+    def tp_rank(self: Scheduler) -> int:
+        return get_parallel().tp_rank
+
+    @property
+    def _update_groups(self: Scheduler) -> Dict[str, Any]:
+        return self.tp_worker.model_runner.weight_updater._model_update_group
+
+    def _request_sockets(self: Scheduler) -> List[zmq.Socket]:
+        """The sockets requests arrive on; none on ranks that get them by
+        broadcast from rank 0 (a scripted tokenizer receiver is no socket)."""
+        channels = self.ipc_channels
+        sockets = (channels.recv_from_tokenizer, channels.recv_from_rpc)
+        return [socket for socket in sockets if isinstance(socket, zmq.Socket)]
+
+    def _refuse_beside_release_session(self: Scheduler) -> None:
+        if self.weight_updater._session is not None:
+            raise WeightsUpdateError(
+                "a weight-update session (/begin_weight_update) is already "
+                "open; end it first",
+                status_code=409,
+            )
+
+    def _begin_release_session(self: Scheduler) -> None:
+        self.weight_updater.begin_weight_update(BeginWeightUpdateReqInput())
+
+    def _end_release_session(self: Scheduler) -> None:
+        updater = self.weight_updater
+        if updater._session is not None:
+            # Nothing was loaded without the model's own loader: no post-load.
+            updater._session = msgspec.structs.replace(
+                updater._session, loaded_weights=True
+            )
+            updater.end_weight_update(EndWeightUpdateReqInput())
+
+    def _load_staged_weights(self: Scheduler, receiver: StagedWeightReceiver) -> None:
+        for _, runner in self.weight_updater._select_runners():
+            runner.weight_updater.get_model().load_weights(receiver.named_tensors())
+
+    def _record_applied_version(self: Scheduler, version: Optional[str]) -> None:
+        self.weight_updater.record_weight_version_after_update(version)
