@@ -155,10 +155,6 @@ from sglang.srt.managers.multi_tokenizer_mixin import (
 )
 from sglang.srt.managers.template_manager import TemplateManager
 from sglang.srt.managers.tokenizer_manager import ServerStatus, TokenizerManager
-from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
-    parse_prepare_body,
-    two_phase_response_content,
-)
 from sglang.srt.managers.weight_update_health import weight_update_health_response
 from sglang.srt.observability.func_timer import enable_func_timer
 from sglang.srt.observability.trace import (
@@ -186,6 +182,10 @@ from sglang.srt.utils.redaction import redact_server_args
 from sglang.srt.utils.watchdog import SubprocessWatchdog
 from sglang.srt.weight_sync.request_limits import WeightUpdateBodyLimit
 from sglang.srt.weight_sync.rlsync_info import rlsync_info
+from sglang.srt.weight_sync.two_phase_requests import (
+    parse_prepare_body,
+    two_phase_response_content,
+)
 from sglang.srt.weight_sync.weight_checksum import merge_rank_checksums
 from sglang.utils import get_exception_traceback
 from sglang.version import __version__
