@@ -36,15 +36,11 @@ import concurrent.futures as cf
 import dataclasses
 import datetime
 import json
-import os
-import platform
 import random
-import statistics
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -342,45 +338,6 @@ class LoopResult:
         seen = {v for s in self.steps for v in s.versions}
         return seen - set(self.published)
 
-    def summary(self) -> dict[str, Any]:
-        syncs = [s.sync_seconds for s in self.steps if s.sync_seconds is not None]
-        return {
-            "mode": "sync" if self.config.sync else "no-sync",
-            "steps": len(self.steps),
-            "reward_first": self.rewards[0],
-            "reward_last": self.rewards[-1],
-            "sync_seconds_median": statistics.median(syncs) if syncs else None,
-            "sync_bytes": max((s.sync_bytes or 0) for s in self.steps),
-            "staleness_max": max(max(s.staleness) for s in self.steps),
-            "lost_requests": len(self.failures),
-            "tokens_during_syncs": sum(s.tokens_during_sync for s in self.steps),
-            "tokens_generated": self.tokens,
-            "tokens_per_second": self.tokens / self.seconds,
-            "tokens_per_second_during_syncs": (
-                sum(s.tokens_during_sync for s in self.steps) / sum(syncs)
-                if syncs
-                else None
-            ),
-            "rollout_requests": self.requests,
-            "rollouts_unused": self.rollouts_unused,
-            "published_versions": self.published,
-            "unpublished_versions_seen": sorted(self.unpublished_versions),
-            "seconds": self.seconds,
-            "per_step": {
-                "reward": self.rewards,
-                "loss": [s.loss for s in self.steps],
-                "sync_seconds": [s.sync_seconds for s in self.steps],
-                "tokens_during_sync": [s.tokens_during_sync for s in self.steps],
-                "staleness_mean": [statistics.mean(s.staleness) for s in self.steps],
-                "staleness_max": [max(s.staleness) for s in self.steps],
-                "versions": [sorted(set(s.versions)) for s in self.steps],
-                "seconds": [s.seconds for s in self.steps],
-            },
-            "failures": self.failures,
-            "config": dataclasses.asdict(self.config),
-            "engines": [{"url": e.url, "tp_size": e.tp_size} for e in self.engines],
-        }
-
 
 def check_initial_versions(engines: list[Engine]) -> None:
     for engine in engines:
@@ -498,121 +455,6 @@ def train_step(
     )
 
 
-# --- reporting ---------------------------------------------------------------
-
-TABLE_HEADER = (
-    f"{'step':>4}  {'reward':>6}  {'loss':>7}  {'sync s':>6}  "
-    f"{'tokens in sync':>14}  {'staleness mean/max':>18}  versions"
-)
-
-
-def table_row(record: StepRecord) -> str:
-    sync = "-" if record.sync_seconds is None else f"{record.sync_seconds:.2f}"
-    staleness = f"{statistics.mean(record.staleness):.2f}/{max(record.staleness)}"
-    versions = ",".join(map(str, sorted(set(record.versions))))
-    return (
-        f"{record.step:>4}  {record.reward:>6.3f}  {record.loss:>7.3f}  {sync:>6}  "
-        f"{record.tokens_during_sync:>14}  {staleness:>18}  {versions}"
-    )
-
-
-def cpu_model() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return platform.processor()
-    names = [line.split(":", 1)[1].strip() for line in lines if "model name" in line]
-    return names[0] if names else platform.processor()
-
-
-def machine() -> dict[str, Any]:
-    return {
-        "cpu": cpu_model(),
-        "platform": platform.platform(),
-        "machine": platform.machine(),
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": version("transformers"),
-        "sglang": version("sglang"),
-        "rlsync": version("rlsync"),
-    }
-
-
-def results_json(
-    trained: Optional[LoopResult], control: Optional[LoopResult], model_dir: Path
-) -> dict[str, Any]:
-    """The main run's summary at the top level (the control's when it is the
-    only run), the control's under "control"."""
-    main_run = trained or control
-    assert main_run is not None
-    out = main_run.summary()
-    if trained is not None and control is not None:
-        out["control"] = control.summary()
-    tokens = main_run.config.completion_tokens
-    out["task"] = f"reward = share of digit tokens in a {tokens}-token completion"
-    out["model"] = model_dir.name
-    out["date"] = datetime.date.today().isoformat()
-    out["machine"] = machine()
-    return out
-
-
-def plot(
-    trained: Optional[LoopResult], control: Optional[LoopResult], path: Path
-) -> None:
-    """Reward, sync time, staleness and tokens generated during syncs by step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    main_run = trained or control
-    assert main_run is not None
-    records = main_run.steps
-    steps = [r.step for r in records]
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
-    (ax_reward, ax_sync), (ax_stale, ax_tokens) = axes
-    for run, label, style in ((trained, "synced", "o-"), (control, "no sync", "s--")):
-        if run is not None:
-            ax_reward.plot([r.step for r in run.steps], run.rewards, style, label=label)
-    ax_reward.set(title="reward: share of digits in rollouts", xlabel="step")
-    ax_reward.set_ylim(0, 1.02)
-    ax_reward.legend()
-
-    mb = max((r.sync_bytes or 0) for r in records) / 1e6
-    ax_sync.bar(steps, [r.sync_seconds or 0 for r in records], color="C2")
-    ax_sync.set(
-        title=f"sync time ({mb:.1f} MB, atomic, every server)",
-        xlabel="step",
-        ylabel="seconds",
-    )
-
-    bottom = [0] * len(records)
-    for lag in range(max(max(r.staleness) for r in records) + 1):
-        counts = [r.staleness.count(lag) for r in records]
-        ax_stale.bar(steps, counts, bottom=bottom, label=str(lag))
-        bottom = [b + c for b, c in zip(bottom, counts)]
-    ax_stale.set(title="samples by staleness (versions behind)", xlabel="step")
-    ax_stale.set_ylim(0, 1.3 * max(bottom))
-    ax_stale.legend(loc="upper center", ncol=4, fontsize="small")
-
-    ax_tokens.bar(steps, [r.tokens_during_sync for r in records], color="C4")
-    ax_tokens.set(title="tokens generated during each sync", xlabel="step")
-
-    for ax in axes.flat:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    servers = " + ".join(f"TP {e.tp_size}" for e in main_run.engines)
-    fig.suptitle(
-        f"rlsync RL loop: a tiny Llama learns to answer in digits; "
-        f"rollouts on {servers} (CPU) go on during every sync"
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 # --- the demo: servers on this machine ---------------------------------------
 
 
@@ -668,16 +510,18 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def run_and_print(
     engines: list[Engine], model_dir: Path, config: LoopConfig
 ) -> LoopResult:
+    from examples.rl_report import TABLE_HEADER, table_row
+
     title = "synced after every step" if config.sync else "control: no sync"
     print(f"\n{title}\n{TABLE_HEADER}", flush=True)
     result = run_loop(
         engines, model_dir, config, on_step=lambda r: print(table_row(r), flush=True)
     )
-    summary = result.summary()
+    during_syncs = sum(r.tokens_during_sync for r in result.steps)
     print(
-        f"reward {summary['reward_first']:.3f} -> {summary['reward_last']:.3f}; "
+        f"reward {result.rewards[0]:.3f} -> {result.rewards[-1]:.3f}; "
         f"{result.requests} requests, {len(result.failures)} lost, "
-        f"{result.tokens} tokens ({summary['tokens_during_syncs']} during syncs), "
+        f"{result.tokens} tokens ({during_syncs} during syncs), "
         f"{result.seconds:.0f} s",
         flush=True,
     )
@@ -685,6 +529,7 @@ def run_and_print(
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    from examples.rl_report import plot, results_json
     from harness.cpu_sglang import BUILD
     from harness.tiny_model import make_tiny_model
 
