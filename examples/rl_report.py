@@ -140,7 +140,11 @@ def plot(
     mb = max((r.sync_bytes or 0) for r in records) / 1e6
     ax_sync.bar(steps, [r.sync_seconds or 0 for r in records], color="C2")
     ax_sync.set(
-        title=f"sync time ({mb:.1f} MB, atomic, every server)",
+        title=(
+            f"sync time ({mb:.1f} MB, atomic, every server)"
+            if mb
+            else "sync time: no syncs (control)"
+        ),
         xlabel="step",
         ylabel="seconds",
     )
@@ -160,9 +164,10 @@ def plot(
     for ax in axes.flat:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     servers = " + ".join(f"TP {e.tp_size}" for e in main_run.engines)
+    after = "go on during every sync" if trained else "never see new weights"
     fig.suptitle(
         f"rlsync RL loop: a tiny Llama learns to answer in digits; "
-        f"rollouts on {servers} (CPU) go on during every sync"
+        f"rollouts on {servers} (CPU) {after}"
     )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
