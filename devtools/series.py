@@ -23,6 +23,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.imports import unresolved_imports
 from devtools.pin import Pin, fetch_archive, read_pin, sha256_of, unpack_archive
 
 # Fixed so that exporting an unchanged series gives byte-identical files.
@@ -665,6 +666,13 @@ def check(layout: Layout) -> list[str]:
                     f"{_shown(layout, layout.work_dir)} and run `make patches overlay`)\n"
                     + _first_difference(rel, expected, actual)
                 )
+        for rel, line, module, name in unresolved_imports(
+            Path(tmp), layout.upstream_dir, files
+        ):
+            problems.append(
+                f"{overlay}/{rel}:{line}: imports {name} from {module}, which "
+                "pristine + series no longer defines"
+            )
         generated = generated_files(layout)
         for rel in sorted(present - set(files) - set(generated)):
             problems.append(f"{overlay}/{rel}: no patch touches this file")

@@ -428,3 +428,35 @@ def test_no_pins_overlay_repeats_a_shared_module():
         assert not set(series.overlay_files(layout)) & set(
             series.common_files(layout)
         ), version
+
+
+def test_a_name_the_series_moves_away_is_caught_where_it_is_still_imported(
+    tmp_path,
+):
+    """A patch that moves a function out of a module breaks a file it does
+    not touch that still imports it from there; `make check` names that file
+    and line (the per-patch check sees only the imports a patch adds)."""
+    from devtools.imports import unresolved_imports
+
+    pristine, patched = tmp_path / "pristine", tmp_path / "patched"
+    pkg = Path("python", "sglang", "srt")
+    for tree in (pristine, patched):
+        (tree / pkg / "sub").mkdir(parents=True)
+        (tree / pkg / "sub" / "__init__.py").write_text("")
+    (pristine / pkg / "mixin.py").write_text("def content():\n    pass\n")
+    (patched / pkg / "mixin.py").write_text(
+        "from sglang.srt.requests import content as _content\n\nLIMIT = 1\n"
+    )
+    (patched / pkg / "engine.py").write_text(
+        "import os\n"
+        "from sglang.srt import sub\n"
+        "from sglang.srt.mixin import LIMIT\n"
+        "from sglang.srt.mixin import (\n    content,\n)\n"
+        "from sglang.srt.missing_optional import anything\n"
+    )
+    files = [str(pkg / "mixin.py"), str(pkg / "engine.py")]
+    assert unresolved_imports(patched, pristine, files) == [
+        (str(pkg / "engine.py"), 4, "sglang.srt.mixin", "content")
+    ]
+    (patched / pkg / "mixin.py").write_text("from sglang.srt.requests import *\n")
+    assert unresolved_imports(patched, pristine, files) == []

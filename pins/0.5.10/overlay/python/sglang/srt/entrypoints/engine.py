@@ -86,9 +86,6 @@ from sglang.srt.managers.multi_tokenizer_mixin import MultiTokenizerRouter
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.managers.template_manager import TemplateManager
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
-    two_phase_response_content,
-)
 from sglang.srt.observability.trace import process_tracing_init, trace_set_thread_info
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils import (
@@ -109,6 +106,7 @@ from sglang.srt.utils.redaction import redact_server_args
 from sglang.srt.utils.torch_memory_saver_adapter import TorchMemorySaverAdapter
 from sglang.srt.utils.watchdog import SubprocessWatchdog
 from sglang.srt.weight_sync.rlsync_info import rlsync_info
+from sglang.srt.weight_sync.two_phase_requests import two_phase_response_content
 from sglang.version import __version__
 
 logger = logging.getLogger(__name__)

@@ -112,9 +112,6 @@ from sglang.srt.managers.multi_tokenizer_mixin import (
 )
 from sglang.srt.managers.scheduler import run_scheduler_process
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.managers.tokenizer_two_phase_update_mixin import (
-    two_phase_response_content,
-)
 from sglang.srt.mem_cache.hicache_storage import merge_scheduler_info_layouts
 from sglang.srt.observability.startup_time import build_engine_startup_time
 from sglang.srt.observability.trace import process_tracing_init, trace_set_thread_info
@@ -170,6 +167,7 @@ from sglang.srt.weight_cache.protocol import (
     get_ready_path,
 )
 from sglang.srt.weight_sync.rlsync_info import rlsync_info
+from sglang.srt.weight_sync.two_phase_requests import two_phase_response_content
 from sglang.version import __version__
 
 logger = logging.getLogger(__name__)
