@@ -25,13 +25,15 @@ PYTEST_ARGS ?=
 PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "server or per_pin")
 
 .PHONY: help upstream worktree patches overlay check apply revert pr-branch \
-        venv wheel install test test-pin demo soak format clean bench-cpu
+        venv wheel install test test-pin demo rl-demo soak format clean bench-cpu
 
 help:
 	@echo "make test                       every pin: venv + wheels + the whole suite (real SGLang on CPU)"
 	@echo "make test PIN=<version>         the same for one pin ($(PINS))"
 	@echo "make test-fast                  venv + wheel + the tests that start no server and build nothing (under a minute)"
 	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
+	@echo "make rl-demo                    an RL loop (tiny Llama, GRPO-style) syncing TP 1 + TP 2 while they serve rollouts:"
+	@echo "                                reward table, docs/rl-loop.png, bench/results/rl-loop-<date>.json"
 	@echo "make soak                       30 syncs with random faults into TP 1 + TP 2 under load, checked (bench/results/)"
 	@echo "make check                      fail on any drift between series, pristine, overlay and common/ (every pin)"
 	@echo "make apply SGLANG_DIR=<tree>    apply the series of the tree's SGLang version ($(PINS)): a checkout"
@@ -96,14 +98,20 @@ test-fast: install
 	@VENV_PY=$(VENV_PY) tools/test-fast.sh $(PYTEST_ARGS)
 
 format:
-	@$(VENV_PY) -m black python devtools harness tests bench setup.py
-	@$(VENV_PY) -m isort --profile black -p sglang -p rlsync -p harness -p devtools python devtools harness tests bench setup.py
+	@$(VENV_PY) -m black python devtools harness tests bench examples setup.py
+	@$(VENV_PY) -m isort --profile black -p sglang -p rlsync -p harness -p devtools python devtools harness tests bench examples setup.py
 
 clean:
 	rm -rf build dist .pytest_cache
 
 demo: install
 	@$(VENV_PY) -m harness.demo
+
+# The plot needs matplotlib, which the suite does not: it is added to the
+# pin's environment here, at the versions examples/requirements.txt names.
+rl-demo: install
+	@$(VENV_PY) -m pip install --quiet -c pins/$(P)/constraints.txt -r examples/requirements.txt
+	@$(VENV_PY) -m examples.rl_loop
 
 soak: install
 	@$(VENV_PY) -m harness.soak

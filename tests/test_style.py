@@ -97,6 +97,6 @@ def test_our_code_is_black_clean():
         "black",
         "--check",
         "--quiet",
-        *("python", "devtools", "harness", "tests", "bench", "setup.py"),
+        *("python", "devtools", "harness", "tests", "bench", "examples", "setup.py"),
     )
     assert proc.returncode == 0, f"run `make format`:\n{proc.stderr}"
