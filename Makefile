@@ -21,8 +21,10 @@ LIB_VERSION := $(shell sed -n 's/^__version__ = "\([^"]*\)".*/\1/p' python/rlsyn
 LIB_WHEEL := dist/rlsync-$(LIB_VERSION)-py3-none-any.whl
 PYTEST_ARGS ?=
 # A later pin's run leaves out what does not depend on the pin (tooling,
-# trainer library alone): the tests that start a server.
-PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "server or per_pin")
+# trainer library alone, and the server tests marked release_independent,
+# whose subject is the library with a server as its counterpart): the tests
+# of the series' behaviour in a real server.
+PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent")
 
 .PHONY: help upstream worktree patches overlay check apply revert pr-branch \
         venv wheel install test test-pin demo rl-demo soak format clean bench-cpu

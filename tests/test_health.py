@@ -369,5 +369,9 @@ def test_non_finite_or_non_positive_timeouts_are_400(server_tp1, value):
             timeout=30,
         )
         assert resp.status_code == 400, (endpoint, value, resp.text)
-        assert "timeout: must be a finite number of seconds > 0" in resp.text
+        named = "timeout: must be a finite number of seconds > 0" in resp.text
+        # Later releases parse the body as strict JSON, which has no NaN or
+        # Infinity and refuses 1e309 before any field is read.
+        refused_as_json = value not in ("-1", "0") and "JSON decode error" in resp.text
+        assert named or refused_as_json, (endpoint, value, resp.text)
     generating_health(server_tp1)

@@ -23,6 +23,9 @@ from examples.rl_loop import (
 )
 from rlsync.sender import Engine
 
+# The trainer-side code is the subject; the first pin's run covers it.
+pytestmark = pytest.mark.release_independent
+
 STEPS = 12
 CONFIG = LoopConfig(steps=STEPS, seed=0, lr=LEARNING_RATES["test"])
 # Digits are 10 of the 512 token ids: the untrained policy's reward is ~0.02.
