@@ -404,7 +404,7 @@ def test_router_without_the_workers_key_says_what_it_could_not_read(
 
 ADMIN_KEY = "r0uter-adm1n-key"
 RIGHT = {"Authorization": f"Bearer {ADMIN_KEY}"}
-ROUTER_GETS = ["/workers", "/events", "/rlsync_info", "/model_info"]
+ROUTER_GETS = ["/workers", "/events", "/metrics", "/rlsync_info", "/model_info"]
 ROUTER_POSTS = list(LOCKED_ROUTES + OTHER_ADMIN_ROUTES + GENERATION_ROUTES) + [
     "/workers/enable",
     "/workers/disable",

@@ -168,7 +168,7 @@ def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
         extra = {
             r.name for r in reqs if r.marker and r.marker.evaluate({"extra": "router"})
         }
-        assert extra == {"fastapi", "uvicorn"}
+        assert extra == {"fastapi", "uvicorn", "prometheus-client"}
         assert not [n for n in zf.namelist() if n.startswith("sglang/")]
 
 

@@ -24,8 +24,11 @@ router for SGLang 0.5.10 with the rlsync series).
   `/model_info`, `/rlsync_info`); a field it cannot read is logged, naming
   the worker and the field.
 - Bad input is a 400 naming the field, never a 5xx.
+- `GET /metrics`: Prometheus metrics (worker states, admin-lock waits,
+  broadcasts by outcome; `router_metrics`), behind the admin key as
+  `/workers` is.
 
-Built on FastAPI, httpx and uvicorn: the `[router]` extra.
+Built on FastAPI, httpx, uvicorn and prometheus_client: the `[router]` extra.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from rlsync.client import (
     visible_ascii,
 )
 from rlsync.request_body import DEFAULT_MAX_BODY_BYTES, BodyTooLarge, read_json_object
+from rlsync.services import router_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +114,17 @@ class Worker:
     def routable(self) -> bool:
         return not (self.dead or self.disabled or self.in_update or self.rejoining)
 
+    @property
+    def state(self) -> str:
+        """dead, disabled, updating, rejoining or ready: the first that holds."""
+        if self.dead:
+            return "dead"
+        if self.disabled:
+            return "disabled"
+        if self.in_update:
+            return "updating"
+        return "rejoining" if self.rejoining else "ready"
+
 
 @dataclass
 class RouterConfig:
@@ -153,6 +168,9 @@ class Router:
         self.routable = asyncio.Condition()
         self._next = 0
         self.http = httpx.AsyncClient(timeout=config.request_timeout)
+        self.metrics = router_metrics.RouterMetrics(
+            self.workers, LOCKED_ROUTES + OTHER_ADMIN_ROUTES, LOCKED_ROUTES
+        )
 
     # --- state ---------------------------------------------------------------
 
@@ -310,15 +328,12 @@ class Router:
 
     @staticmethod
     def _state(w: Worker) -> str:
-        if w.dead:
-            return f"dead ({w.reason})"
-        if w.disabled:
-            return f"disabled ({w.reason})"
-        if w.in_update:
-            return "updating"
-        if w.rejoining:
+        state = w.state
+        if state in ("dead", "disabled"):
+            return f"{state} ({w.reason})"
+        if state == "rejoining":
             return f"rejoining (weight_version={w.weight_version})"
-        return "ready"
+        return state
 
     async def release(self, w: Worker) -> None:
         w.in_flight -= 1
@@ -357,13 +372,17 @@ class Router:
             try:  # checked before anything else, before the lock
                 _check_init_body(body)
             except ValueError as e:
+                self.metrics.broadcast(path, "refused")
                 return _bad(str(e))
         if path in LOCKED_ROUTES:
+            t0 = time.monotonic()
             try:
                 await asyncio.wait_for(
                     self.admin_lock.acquire(), self.config.admin_wait
                 )
             except asyncio.TimeoutError:
+                self.metrics.waited(path, time.monotonic() - t0, timed_out=True)
+                self.metrics.broadcast(path, "refused")
                 return JSONResponse(
                     {
                         "success": False,
@@ -374,6 +393,7 @@ class Router:
                     status_code=503,
                 )
             self.admin_holder, self.admin_since = path, time.monotonic()
+            self.metrics.waited(path, self.admin_since - t0, timed_out=False)
         try:
             return await self._broadcast(path, body, headers)
         finally:
@@ -404,6 +424,7 @@ class Router:
     ) -> JSONResponse:
         targets = [w for w in self.workers if not w.dead]
         if not targets:
+            self.metrics.broadcast(path, "refused")
             return JSONResponse(
                 {
                     "success": False,
@@ -416,6 +437,7 @@ class Router:
         try:
             bodies = self._bodies(path, body, targets)
         except ValueError as e:
+            self.metrics.broadcast(path, "refused")
             return JSONResponse({"success": False, "message": str(e)}, status_code=400)
         leaves_routing = path in UPDATE_ROUTES
         previous = {w.url: w.in_update for w in targets}
@@ -436,6 +458,8 @@ class Router:
                 if leaves_routing:
                     w.in_update = previous[w.url]
             await self._changed()
+        outcome = router_metrics.outcome([a["success"] for a in answers])
+        self.metrics.broadcast(path, outcome)
         return self._merge(path, body, targets, answers)
 
     async def _one(
@@ -694,6 +718,7 @@ def create_app(config: RouterConfig) -> FastAPI:
             try:
                 body = await read_json(request, config.max_request_bytes)
             except ValueError as e:
+                router.metrics.broadcast(path, "refused")
                 return _bad(e)
             return await router.broadcast(path, body, forwarded(request))
 
@@ -724,6 +749,14 @@ def create_app(config: RouterConfig) -> FastAPI:
     @app.get("/workers")
     async def workers(request: Request) -> Response:
         return router.check_admin(request) or JSONResponse(router.describe())
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        """Prometheus metrics (router_metrics); with an admin key they need
+        it, as /workers does: they name every worker's URL and state."""
+        return router.check_admin(request) or Response(
+            router.metrics.render(), media_type=router.metrics.content_type
+        )
 
     @app.get("/events")
     async def events(request: Request) -> Response:

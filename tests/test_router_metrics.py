@@ -1,0 +1,297 @@
+"""`rlsync router`'s `GET /metrics`, in process in front of fake workers (no
+SGLang): Prometheus' text format behind the admin key as `/workers` is,
+broadcasts counted by route and outcome, admin-lock waits and timeouts, and
+the worker gauges following each worker's state."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any, Callable, Optional
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from rlsync.services.router import RouterConfig, create_app
+
+ADMIN_KEY = "r0uter-adm1n-key"
+RIGHT = {"Authorization": f"Bearer {ADMIN_KEY}"}
+NOBODY = "http://127.0.0.1:9"  # nothing listens: a worker dead from the start
+
+
+class FakeWorker:
+    """An SGLang worker as the router sees it: `/health`, `/server_info`,
+    `/model_info`, `/generate`, and admin routes answering success, except
+    the routes in `fail` (a 500 with `success: false`) and those in `hold`
+    (answered once their event is set)."""
+
+    def __init__(self) -> None:
+        self.fail: set[str] = set()
+        self.hold: dict[str, threading.Event] = {}
+        self.holding = threading.Event()  # a held route has been asked
+        worker = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def answer(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                answers = {
+                    "/health": {},
+                    "/server_info": {"tp_size": 1, "dp_size": 1},
+                    "/model_info": {"weight_version": "v0"},
+                }
+                if self.path in answers:
+                    self.answer(200, answers[self.path])
+                else:
+                    self.answer(404, {"detail": "Not Found"})
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path == "/generate":
+                    return self.answer(200, {"text": "fake"})
+                if self.path in worker.hold:
+                    worker.holding.set()
+                    worker.hold[self.path].wait(30)
+                if self.path in worker.fail:
+                    return self.answer(500, {"success": False, "message": "fake"})
+                self.answer(200, {"success": True, "message": ""})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        for event in self.hold.values():
+            event.set()
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(10)
+
+
+@pytest.fixture
+def fake_workers() -> Iterator[Callable[[int], list[FakeWorker]]]:
+    made: list[FakeWorker] = []
+
+    def make(n: int) -> list[FakeWorker]:
+        new = [FakeWorker() for _ in range(n)]
+        made.extend(new)
+        return new
+
+    yield make
+    for w in made:
+        w.close()
+
+
+def router_client(workers: list[str], **options: Any) -> TestClient:
+    config = RouterConfig(
+        workers, admin_api_key=ADMIN_KEY, health_interval=600, **options
+    )
+    return TestClient(create_app(config))
+
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def scrape(http: TestClient, headers: Optional[dict[str, str]] = None) -> Samples:
+    resp = http.get("/metrics", headers=RIGHT if headers is None else headers)
+    assert resp.status_code == 200, resp.text
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(resp.text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+BROADCASTS = "rlsync:router_admin_broadcasts_total"
+LOCK_WAITS = "rlsync:router_admin_lock_wait_seconds_count"
+LOCK_WAIT_SUM = "rlsync:router_admin_lock_wait_seconds_sum"
+LOCK_TIMEOUTS = "rlsync:router_admin_lock_timeouts_total"
+WORKERS = "rlsync:router_workers"
+WORKER_STATE = "rlsync:router_worker_state"
+
+
+def test_metrics_are_prometheus_text_behind_the_admin_key(fake_workers):
+    (w,) = fake_workers(1)
+    with router_client([w.url]) as http:
+        assert http.get("/metrics").status_code == 401
+        wrong = http.get("/metrics", headers={"Authorization": "Bearer nope"})
+        assert wrong.status_code == 401
+        malformed = http.get("/metrics", headers=[("authorization", b"Bearer \xff")])
+        assert malformed.status_code == 401
+        assert http.get("/workers").status_code == 401, "the same rule as /workers"
+        resp = http.get("/metrics", headers=RIGHT)
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["content-type"].startswith("text/plain; version=")
+        families = {
+            f.name: f.type
+            for f in text_string_to_metric_families(resp.text)
+            if not f.name.endswith("_created")  # prometheus_client's, optional
+        }
+        assert families == {
+            "rlsync:router_workers": "gauge",
+            "rlsync:router_worker_state": "gauge",
+            "rlsync:router_worker_in_flight_requests": "gauge",
+            "rlsync:router_routed_requests": "counter",
+            "rlsync:router_admin_broadcasts": "counter",
+            "rlsync:router_admin_lock_wait_seconds": "histogram",
+            "rlsync:router_admin_lock_timeouts": "counter",
+        }, families
+        assert "# TYPE rlsync:router_admin_broadcasts_total counter" in resp.text
+        samples = scrape(http)
+        assert value(samples, WORKERS, state="ready") == 1
+        assert value(samples, BROADCASTS, route="/flush_cache", outcome="ok") == 0
+        assert (
+            BROADCASTS,
+            frozenset({("route", "/flush_cache"), ("outcome", "ok")}),
+        ) in samples, "every route and outcome is exported from zero"
+    # Without an admin key /metrics is open, as /workers is; a second router
+    # in the same process has registries of its own.
+    config = RouterConfig([w.url], health_interval=600)
+    with TestClient(create_app(config)) as one, TestClient(create_app(config)) as two:
+        one.post("/flush_cache", json={})
+        assert value(scrape(one, {}), BROADCASTS, route="/flush_cache", outcome="ok")
+        assert not value(
+            scrape(two, {}), BROADCASTS, route="/flush_cache", outcome="ok"
+        )
+
+
+def test_broadcasts_are_counted_by_route_and_outcome(fake_workers):
+    a, b = fake_workers(2)
+    b.fail = {"/flush_cache", "/weights_checker"}
+    a.fail = {"/weights_checker"}
+    with router_client([a.url, b.url]) as http:
+        calls = [
+            ("/pause_generation", {"mode": "abort"}, 200, "ok"),
+            ("/continue_generation", {}, 200, "ok"),
+            ("/flush_cache", {}, 500, "partial"),
+            ("/weights_checker", {"action": "checksum"}, 500, "failed"),
+            # Refused by the router itself, no worker asked: before the lock,
+            # so no lock wait either.
+            ("/init_weights_update_group", {"master_port": 1}, 400, "refused"),
+        ]
+        for path, body, status, outcome in calls:
+            before = scrape(http)
+            resp = http.post(path, json=body, headers=RIGHT)
+            assert resp.status_code == status, (path, resp.text)
+            after = scrape(http)
+            for o in ("ok", "partial", "failed", "refused"):
+                delta = value(after, BROADCASTS, route=path, outcome=o) - value(
+                    before, BROADCASTS, route=path, outcome=o
+                )
+                assert delta == (1 if o == outcome else 0), (path, o, delta)
+            waits = value(after, LOCK_WAITS, route=path) - value(
+                before, LOCK_WAITS, route=path
+            )
+            locked = path in ("/pause_generation", "/continue_generation")
+            assert waits == (1 if locked else 0), (path, waits)
+        # A bad body is refused too; a caller without the key is not counted.
+        resp = http.post("/weights_checker", content=b"{", headers=RIGHT)
+        assert resp.status_code == 400
+        assert http.post("/weights_checker", json={}).status_code == 401
+        samples = scrape(http)
+        assert (
+            value(samples, BROADCASTS, route="/weights_checker", outcome="refused") == 1
+        )
+        assert (
+            sum(v for (name, _), v in samples.items() if name == BROADCASTS)
+            == len(calls) + 1
+        )
+        assert value(samples, LOCK_TIMEOUTS, route="/pause_generation") == 0
+
+
+def test_admin_lock_wait_and_timeout(fake_workers):
+    a, b = fake_workers(2)
+    release = threading.Event()
+    a.hold = {"/pause_generation": release}
+    with router_client([a.url, b.url], admin_wait=0.3) as http:
+        holder: list[Any] = []
+        pause = threading.Thread(
+            target=lambda: holder.append(
+                http.post("/pause_generation", json={}, headers=RIGHT)
+            )
+        )
+        pause.start()
+        try:
+            assert a.holding.wait(10), "the pause never reached the worker"
+            during = scrape(http)
+            # Both workers left routing for the pause broadcast.
+            assert value(during, WORKERS, state="updating") == 2
+            assert value(during, WORKER_STATE, worker=a.url, state="updating") == 1
+            assert value(during, WORKER_STATE, worker=a.url, state="ready") == 0
+            t0 = time.monotonic()
+            resp = http.post("/continue_generation", json={}, headers=RIGHT)
+            assert time.monotonic() - t0 >= 0.3
+            assert resp.status_code == 503, resp.text
+            assert "admin lock held by /pause_generation" in resp.json()["message"]
+        finally:
+            release.set()
+            pause.join(30)
+        assert holder and holder[0].status_code == 200, holder
+        samples = scrape(http)
+        route = "/continue_generation"
+        assert value(samples, LOCK_TIMEOUTS, route=route) == 1
+        assert value(samples, LOCK_WAITS, route=route) == 1
+        assert value(samples, LOCK_WAIT_SUM, route=route) >= 0.3
+        assert value(samples, BROADCASTS, route=route, outcome="refused") == 1
+        assert value(samples, LOCK_TIMEOUTS, route="/pause_generation") == 0
+        assert value(samples, LOCK_WAITS, route="/pause_generation") == 1
+        assert value(samples, BROADCASTS, route="/pause_generation", outcome="ok") == 1
+        assert value(samples, WORKERS, state="ready") == 2, "back in routing"
+        # The lock is free again: the next caller waits well under its bound.
+        resp = http.post(route, json={}, headers=RIGHT)
+        assert resp.status_code == 200, resp.text
+        samples = scrape(http)
+        assert value(samples, LOCK_WAITS, route=route) == 2
+        assert value(samples, LOCK_TIMEOUTS, route=route) == 1
+
+
+def test_worker_gauges_follow_disable_enable_and_routing(fake_workers):
+    a, b = fake_workers(2)
+    with router_client([a.url, b.url, NOBODY]) as http:
+        samples = scrape(http)
+        assert value(samples, WORKERS, state="ready") == 2
+        assert value(samples, WORKERS, state="dead") == 1
+        assert value(samples, WORKER_STATE, worker=NOBODY, state="dead") == 1
+        resp = http.post(
+            "/workers/disable", json={"url": b.url, "reason": "drain"}, headers=RIGHT
+        )
+        assert resp.status_code == 200, resp.text
+        samples = scrape(http)
+        assert value(samples, WORKERS, state="ready") == 1
+        assert value(samples, WORKERS, state="disabled") == 1
+        assert value(samples, WORKER_STATE, worker=b.url, state="disabled") == 1
+        assert value(samples, WORKER_STATE, worker=b.url, state="ready") == 0
+        assert value(samples, WORKER_STATE, worker=a.url, state="ready") == 1
+        for _ in range(3):
+            assert http.post("/generate", json={"text": "x"}).status_code == 200
+        samples = scrape(http)
+        routed = "rlsync:router_routed_requests_total"
+        assert value(samples, routed, worker=a.url) == 3
+        assert value(samples, routed, worker=b.url) == 0, "disabled: none routed"
+        in_flight = "rlsync:router_worker_in_flight_requests"
+        assert value(samples, in_flight, worker=a.url) == 0
+        resp = http.post("/workers/enable", json={"url": b.url}, headers=RIGHT)
+        assert resp.status_code == 200, resp.text
+        samples = scrape(http)
+        assert value(samples, WORKERS, state="ready") == 2
+        assert value(samples, WORKERS, state="disabled") == 0
+        assert value(samples, WORKER_STATE, worker=b.url, state="ready") == 1
