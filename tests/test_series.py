@@ -269,7 +269,7 @@ def test_a_patch_that_does_not_apply_without_an_undeclared_patch_fails_check(
 def test_a_patch_importing_a_module_of_an_undeclared_patch_fails_check(scratch):
     """Code use counts: the two-phase patch applies without the per-rank
     helper patch, but imports the module that patch adds."""
-    patch = patch_named(scratch, "two-phase-update")
+    patch = patch_named(scratch, "two-phase-update-prepare")
     drop_depends(patch, "gather-every-TP-rank")
     proc = run_check(scratch)
     assert proc.returncode == 1

@@ -1484,7 +1484,9 @@ async def update_weights_from_tensor(
     3. Any binary data in the named tensors should be base64 encoded.
     """
 
-    result = await _global_state.tokenizer_manager.update_weights_from_tensor(obj, request)
+    result = await _global_state.tokenizer_manager.update_weights_from_tensor(
+        obj, request
+    )
     success, message = result
 
     content = {

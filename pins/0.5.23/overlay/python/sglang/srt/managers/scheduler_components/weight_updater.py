@@ -210,9 +210,7 @@ class SchedulerWeightUpdaterManager:
         target = self.tp_worker.model_runner.weight_updater
         unknown = target.unknown_update_group(recv_req.group_name)
         if unknown:  # the request's own field first: it is wrong in any state
-            return UpdateWeightsFromDistributedReqOutput(
-                success=False, message=unknown
-            )
+            return UpdateWeightsFromDistributedReqOutput(success=False, message=unknown)
         if self._session is None:
             return UpdateWeightsFromDistributedReqOutput(
                 success=False,
