@@ -249,6 +249,7 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+@pytest.mark.release_independent
 def test_restarted_worker_waits_for_the_fleet_version(
     server_tp1, start_server, router_factory, tiny_model
 ):
