@@ -194,7 +194,9 @@ def start_server(request, tiny_model, upstream_tree):
 
 
 # A short soft watchdog on the shared servers: any false stall shows in the log.
+# Metrics on: test_sync_metrics reads them, and every other test runs with them.
 SESSION_ARGS = [
+    "--enable-metrics",
     "--soft-watchdog-timeout",
     "2",
     "--weight-update-staging-budget-mb",

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 from harness.cpu_sglang import Server, free_port
+from harness.metrics import scrape, value
 from harness.trainer import GlooTrainer
 from rlsync import client
 from rlsync.group import join_update_group, leave_update_group
@@ -225,7 +226,8 @@ def test_hung_operation_past_deadline_turns_unhealthy_then_recovers(start_server
     stopped inside it, as a hang in native code would leave it: the
     operation's own timeouts cannot end it) turns health 503, naming it;
     once it ends, health recovers."""
-    server = start_server(tp=1, extra_args=["--weight-update-health-deadline", "3"])
+    deadline = ["--weight-update-health-deadline", "3", "--enable-metrics"]
+    server = start_server(tp=1, extra_args=deadline)
     port = free_port()
     fut = start_init(server, port, f"hung_{port}")
     (scheduler,) = server.schedulers()
@@ -250,6 +252,14 @@ def test_hung_operation_past_deadline_turns_unhealthy_then_recovers(start_server
     # Resumed past its deadline, the init gives up at once (nobody joined).
     assert fut.result(timeout=60).status_code == 400
     generating_health(server)
+    # /metrics counted every answer the server gave (a probe the client gave
+    # up on may have been answered too).
+    counted = scrape(server.url)
+    health = "sglang:weight_update_health_answers_total"
+    assert value(counted, health, answer="past_deadline") >= len(late)
+    assert value(counted, health, answer="healthy_while_updating") >= len(early)
+    in_flight = "sglang:weight_update_operations_in_flight"
+    assert value(counted, in_flight, operation="init_weights_update_group") == 0
 
 
 def test_probes_that_arrive_just_before_a_blocking_init_are_answered_promptly(

@@ -14,8 +14,8 @@ from typing import Any, Callable, Optional
 
 import pytest
 from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
 
+from harness.metrics import Samples, families, parse, value
 from rlsync.services.router import RouterConfig, create_app
 
 ADMIN_KEY = "r0uter-adm1n-key"
@@ -104,21 +104,10 @@ def router_client(workers: list[str], **options: Any) -> TestClient:
     return TestClient(create_app(config))
 
 
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
 def scrape(http: TestClient, headers: Optional[dict[str, str]] = None) -> Samples:
     resp = http.get("/metrics", headers=RIGHT if headers is None else headers)
     assert resp.status_code == 200, resp.text
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(resp.text)
-        for s in family.samples
-    }
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
+    return parse(resp.text)
 
 
 BROADCASTS = "rlsync:router_admin_broadcasts_total"
@@ -141,12 +130,7 @@ def test_metrics_are_prometheus_text_behind_the_admin_key(fake_workers):
         resp = http.get("/metrics", headers=RIGHT)
         assert resp.status_code == 200, resp.text
         assert resp.headers["content-type"].startswith("text/plain; version=")
-        families = {
-            f.name: f.type
-            for f in text_string_to_metric_families(resp.text)
-            if not f.name.endswith("_created")  # prometheus_client's, optional
-        }
-        assert families == {
+        assert families(resp.text) == {
             "rlsync:router_workers": "gauge",
             "rlsync:router_worker_state": "gauge",
             "rlsync:router_worker_in_flight_requests": "gauge",
@@ -154,7 +138,7 @@ def test_metrics_are_prometheus_text_behind_the_admin_key(fake_workers):
             "rlsync:router_admin_broadcasts": "counter",
             "rlsync:router_admin_lock_wait_seconds": "histogram",
             "rlsync:router_admin_lock_timeouts": "counter",
-        }, families
+        }, resp.text
         assert "# TYPE rlsync:router_admin_broadcasts_total counter" in resp.text
         samples = scrape(http)
         assert value(samples, WORKERS, state="ready") == 1

@@ -11,7 +11,8 @@ The same on every release: what differs between releases (where the update
 groups live, the scheduler's request sockets, a weight-update session of the
 release's own, how the model loads the staged tensors) is asked of
 `SchedulerTwoPhaseUpdateHooks`, which each release's series provides in
-scheduler_two_phase_update_hooks.py.
+scheduler_two_phase_update_hooks.py; so is whether this rank records the
+sync's metrics (weight_sync/sync_metrics.py, with --enable-metrics).
 """
 
 from __future__ import annotations
@@ -50,6 +51,18 @@ from sglang.srt.weight_sync.staged_receiver import (
     WeightsUpdateError,
     parse_buckets,
 )
+from sglang.srt.weight_sync.sync_metrics import (
+    ABORTED,
+    APPLIED,
+    APPLY_ERROR,
+    CACHE_FLUSH_ERROR,
+    DIGEST_MISMATCH,
+    FAILED,
+    RECEIVE_ERROR,
+    REJECTED,
+    WeightSyncMetrics,
+    weight_sync_metrics,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -68,6 +81,8 @@ class _Session:
     receiver: StagedWeightReceiver
     weight_version: Optional[str] = None
     verified: bool = False
+    # Seconds the scheduler spent in this session's complete calls.
+    serving_stall_seconds: float = 0.0
 
 
 def _known_name_checker(model) -> Optional[Callable[[str], bool]]:
@@ -109,6 +124,27 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         if release and self._two_phase_pool is not None:
             self._two_phase_pool.release()
         self._end_release_session()
+        metrics = self._sync_metrics()
+        if metrics is not None:
+            metrics.session_open(False)
+
+    def _sync_metrics(self: Scheduler) -> Optional[WeightSyncMetrics]:
+        """This rank's weight-sync metrics; None where it records none."""
+        return weight_sync_metrics(self._weight_sync_metrics_labels())
+
+    def _record_sync_end(
+        self: Scheduler, session: _Session, outcome: str, reason: str = ""
+    ) -> None:
+        metrics = self._sync_metrics()
+        if metrics is None:
+            return
+        stats = session.receiver.stats
+        metrics.received(
+            stats.bytes_received,
+            stats.receive_seconds if session.receiver.complete else None,
+            stats.verify_seconds,
+        )
+        metrics.sync_ended(outcome, reason)
 
     def _open_session_group(self: Scheduler) -> Optional[str]:
         session = self._two_phase_session
@@ -199,6 +235,9 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             # Nothing has moved yet: the trainer broadcasts only after "ready".
             if receiver is not None and self._two_phase_session is None:
                 self._two_phase_pool.release()
+            metrics = self._sync_metrics()
+            if metrics is not None:
+                metrics.sync_ended(FAILED, REJECTED)
             return PrepareWeightsUpdateReqOutput(
                 status="error",
                 message=_join_messages(failed, self.tp_size),
@@ -211,6 +250,9 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         self._two_phase_session = _Session(
             recv_req.group_name, receiver, recv_req.weight_version
         )
+        metrics = self._sync_metrics()
+        if metrics is not None:
+            metrics.session_open(True)
         return PrepareWeightsUpdateReqOutput(
             status="ready",
             message="",
@@ -222,7 +264,19 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     def complete_weights_update(
         self: Scheduler, recv_req: CompleteWeightsUpdateReqInput
     ) -> CompleteWeightsUpdateReqOutput:
+        session = self._two_phase_session
+        started = time.perf_counter()
         output = self._complete_weights_update(recv_req)
+        if session is not None:
+            # No batch ran meanwhile: the apply's cost to serving.
+            session.serving_stall_seconds += time.perf_counter() - started
+        if output.applied:
+            metrics = self._sync_metrics()
+            if metrics is not None:
+                metrics.applied(
+                    output.stats.get("apply_seconds", 0.0),
+                    session.serving_stall_seconds,
+                )
         output.session_open = self._two_phase_session is not None
         return output
 
@@ -272,6 +326,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 local = {
                     "success": False,
                     "timed_out": False,
+                    "reason": RECEIVE_ERROR,
                     "message": f"receive failed after {receiver.stats.buckets_received} "
                     f"of {len(receiver.buckets)} buckets: {receiver.error}",
                 }
@@ -282,6 +337,8 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                     local = {
                         "success": False,
                         "timed_out": False,
+                        "reason": DIGEST_MISMATCH,
+                        "mismatched_buckets": len(errors),
                         "message": "verification failed, nothing applied: "
                         + "; ".join(errors),
                     }
@@ -303,7 +360,15 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         if failed:
             if not all(r.get("timed_out") for r in failed):
                 # A broken or corrupted transfer: discard it, old weights stay.
-                self._discard_two_phase_session(session)
+                metrics = self._sync_metrics()
+                if metrics is not None:
+                    metrics.mismatched(
+                        sum(r.get("mismatched_buckets", 0) for r in failed)
+                    )
+                reasons = [r["reason"] for r in failed if r.get("reason")]
+                self._discard_two_phase_session(
+                    session, FAILED, reasons[0] if reasons else RECEIVE_ERROR
+                )
             return CompleteWeightsUpdateReqOutput(
                 success=False,
                 num_buckets_received=num_received,
@@ -359,6 +424,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             logger.exception("complete_weights_update: apply failed")
             local = {
                 "success": False,
+                "reason": APPLY_ERROR,
                 "message": f"apply failed: {e}; the weights may be partially "
                 f"updated, reload them",
             }
@@ -369,6 +435,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             if not flushed:
                 local = {
                     "success": False,
+                    "reason": CACHE_FLUSH_ERROR,
                     "message": "applied, but the cache flush failed: cached "
                     "prefixes may still hold the old weights' KV; call /flush_cache",
                 }
@@ -379,6 +446,10 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             self._record_applied_version(
                 recv_req.weight_version or session.weight_version
             )
+        if failed:
+            self._record_sync_end(session, FAILED, failed[0].get("reason", APPLY_ERROR))
+        else:
+            self._record_sync_end(session, APPLIED)
         self._end_two_phase_session(release=recv_req.release_staging)
         return CompleteWeightsUpdateReqOutput(
             success=not failed,
@@ -399,9 +470,12 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             rank_results=_rank_summary(results),
         )
 
-    def _discard_two_phase_session(self: Scheduler, session: _Session) -> bool:
+    def _discard_two_phase_session(
+        self: Scheduler, session: _Session, outcome: str, reason: str = ""
+    ) -> bool:
         """Stop the receiver, drop a group left mid-collective, free staging."""
         usable = session.receiver.abort()
+        self._record_sync_end(session, outcome, reason)
         abandoned = [
             (g, works)
             for g, works in self._abandoned_update_groups or []
@@ -439,7 +513,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         session = self._two_phase_session
         if session is None or session.group_name != group_name:
             return None
-        self._discard_two_phase_session(session)
+        self._discard_two_phase_session(session, ABORTED)
         return "the weight update session open on it was aborted (the served weights are unchanged)"
 
     def abort_weights_update(
@@ -462,7 +536,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 status_code=400,
                 open_session_group=session.group_name,
             )
-        usable = self._discard_two_phase_session(session)
+        usable = self._discard_two_phase_session(session, ABORTED)
         results = gather_from_tp_ranks(self, {"success": True, "usable": usable})
         usable = all(r["usable"] for r in results)
         message = "aborted; the served weights are unchanged"

@@ -8,7 +8,9 @@ orchestrators kill or drain a healthy server.
 - Tokenizer side: `WeightUpdateTracker` records the operations in flight (a
   set, so overlapping operations and failures stay correct); `/health` and
   `/health_generate` answer 200 at once while one runs and is younger than its
-  deadline, and 503 naming the operation once it is older.
+  deadline, and 503 naming the operation once it is older. With
+  --enable-metrics, /metrics counts both answers and the operations in flight
+  (weight_sync/sync_metrics.py).
 - Scheduler side: `pause_watchdogs_during_weight_update` pauses the scheduler's
   watchdogs and tells the detokenizer to pause its own
   (`WeightUpdatePauseReq` / `WeightUpdateResumeReq`).
@@ -27,6 +29,12 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 from fastapi import Response
 
 from sglang.srt.managers.io_struct import WeightUpdatePauseReq, WeightUpdateResumeReq
+from sglang.srt.weight_sync.sync_metrics import (
+    HEALTHY_WHILE_UPDATING,
+    PAST_DEADLINE,
+    WeightUpdateHealthMetrics,
+    weight_update_health_metrics,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
@@ -48,10 +56,13 @@ class WeightUpdateOperation:
 
 
 class WeightUpdateTracker:
-    def __init__(self, default_deadline: float):
+    def __init__(self, default_deadline: float, enable_metrics: bool = False):
         self.default_deadline = default_deadline
         self._operations: Dict[int, WeightUpdateOperation] = {}
         self._ids = itertools.count()
+        self.metrics: Optional[WeightUpdateHealthMetrics] = (
+            weight_update_health_metrics() if enable_metrics else None
+        )
 
     def begin(self, name: str, timeout: Optional[float] = None) -> int:
         # The operator's deadline bounds every operation; an operation's own
@@ -63,10 +74,14 @@ class WeightUpdateTracker:
         self._operations[op_id] = WeightUpdateOperation(
             name=name, started=time.monotonic(), deadline=deadline
         )
+        if self.metrics is not None:
+            self.metrics.began(name)
         return op_id
 
     def end(self, op_id: int) -> None:
-        self._operations.pop(op_id, None)
+        op = self._operations.pop(op_id, None)
+        if op is not None and self.metrics is not None:
+            self.metrics.ended(op.name)
 
     @contextmanager
     def track(self, name: str, timeout: Optional[float] = None) -> Iterator[None]:
@@ -120,6 +135,8 @@ def weight_update_health_response(tokenizer_manager) -> Optional[Response]:
     if tracker is None or not tracker.in_progress:
         return None
     stuck = tracker.stuck()
+    if tracker.metrics is not None:
+        tracker.metrics.answered(PAST_DEADLINE if stuck else HEALTHY_WHILE_UPDATING)
     if not stuck:
         now = time.monotonic()
         running = ", ".join(

@@ -39,5 +39,16 @@ class SchedulerTwoPhaseUpdateHooks:
     def _load_staged_weights(self: Scheduler, receiver: StagedWeightReceiver) -> None:
         self.tp_worker.model_runner.model.load_weights(receiver.named_tensors())
 
+    def _weight_sync_metrics_labels(self: Scheduler) -> Optional[Dict[str, str]]:
+        """Labels of this rank's weight-sync metrics (weight_sync/
+        sync_metrics.py); None unless metrics are on and this is TP rank 0
+        of its replica."""
+        if not self.enable_metrics or self.tp_rank != 0:
+            return None
+        return {
+            "model_name": self.server_args.served_model_name,
+            "dp_rank": str(self.dp_rank or 0),
+        }
+
     def _record_applied_version(self: Scheduler, version: Optional[str]) -> None:
         """The tokenizer manager records it from the complete's answer."""

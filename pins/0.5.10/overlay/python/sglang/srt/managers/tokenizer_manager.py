@@ -393,7 +393,7 @@ class TokenizerManager(
         self.is_pause_cond = asyncio.Condition()
         # Weight-update operations in flight, for the health check.
         self.weight_update_tracker = WeightUpdateTracker(
-            self.server_args.weight_update_health_deadline
+            self.server_args.weight_update_health_deadline, self.enable_metrics
         )
 
     def init_lora(self):

@@ -17,4 +17,5 @@ FEATURES = (
     "data_parallel_weight_update",
     "update_group_on_route",
     "fused_cuda_digest",
+    "sync_metrics",
 )

@@ -22,7 +22,7 @@ from sglang.srt.managers.io_struct import (
     BeginWeightUpdateReqInput,
     EndWeightUpdateReqInput,
 )
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_observability, get_parallel, get_serving
 from sglang.srt.weight_sync.staged_receiver import WeightsUpdateError
 
 if TYPE_CHECKING:
@@ -69,6 +69,17 @@ class SchedulerTwoPhaseUpdateHooks:
     def _load_staged_weights(self: Scheduler, receiver: StagedWeightReceiver) -> None:
         for _, runner in self.weight_updater._select_runners():
             runner.weight_updater.get_model().load_weights(receiver.named_tensors())
+
+    def _weight_sync_metrics_labels(self: Scheduler) -> Optional[Dict[str, str]]:
+        """Labels of this rank's weight-sync metrics (weight_sync/
+        sync_metrics.py); None unless metrics are on and this is TP rank 0
+        of its replica."""
+        if not get_observability().enable_metrics or self.tp_rank != 0:
+            return None
+        return {
+            "model_name": get_serving().served_model_name,
+            "dp_rank": str(get_parallel().dp_rank or 0),
+        }
 
     def _record_applied_version(self: Scheduler, version: Optional[str]) -> None:
         self.weight_updater.record_weight_version_after_update(version)

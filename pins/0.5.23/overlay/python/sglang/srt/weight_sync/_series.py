@@ -15,4 +15,5 @@ FEATURES = (
     "init_weights_update_group_timeout",
     "update_group_on_route",
     "idle_scheduler_yields_to_receiver",
+    "sync_metrics",
 )
