@@ -16,9 +16,11 @@ import requests
 import torch
 
 from harness.cpu_sglang import free_port
+from harness.metrics import scrape, total
 from harness.trainer import GlooTrainer, update_two_phase
 from harness.weights import randomized
 from rlsync import client
+from rlsync.digest import digest_tensors
 from rlsync.planner import plan_buckets
 
 pool = cf.ThreadPoolExecutor(max_workers=8)
@@ -448,3 +450,44 @@ def test_a_taken_group_name_is_refused_at_once(server_tp1, trainer_tp1):
     assert aborted.status_code == 409 and aborted.json()["group_usable"] is True
     gone = post(url, "/abort_weights_update", {"group_name": "never-made"})
     assert gone.status_code == 409 and gone.json()["group_usable"] is False
+
+
+def test_concurrent_completes_apply_once_and_never_answer_500(
+    server_tp1, trainer_tp1, model_weights
+):
+    """A trainer that retries complete while its first call still waits for
+    the bytes: one call applies, the others find the session ended (409);
+    none is a 5xx (upstream's communicator asserted on this hand-off)."""
+    url, group = server_tp1.url, trainer_tp1.group_name
+    before = checksum(url)
+    buckets = plan_buckets(model_weights, 64 << 10)
+    meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
+    client.prepare_weights_update(
+        url, meta, group_name=group, load_format="flattened_bucket"
+    )
+    body = {"group_name": group, "timeout": 120}
+    completes = [
+        pool.submit(post, url, "/complete_weights_update", body, 180) for _ in range(3)
+    ]
+
+    def waiting() -> float:
+        in_flight = "sglang:weight_update_operations_in_flight"
+        return total(scrape(url), in_flight, operation="complete_weights_update")
+
+    deadline = time.monotonic() + 60
+    while waiting() < 3:
+        assert time.monotonic() < deadline, "the three completes never all waited"
+        time.sleep(0.05)
+    for b in buckets:
+        flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in b.tensors])
+        torch.distributed.broadcast(flat, src=0, group=trainer_tp1.group)
+    answers = [f.result(timeout=180) for f in completes]
+
+    statuses = sorted(a.status_code for a in answers)
+    assert statuses == [200, 409, 409], [a.text for a in answers]
+    (applied,) = [a.json() for a in answers if a.status_code == 200]
+    assert applied["success"] and applied["applied"]
+    for late in (a.json() for a in answers if a.status_code == 409):
+        assert "no weight update session is open" in late["message"]
+    assert checksum(url) == before
+    assert no_session_open(url, group)

@@ -5,12 +5,10 @@ import copy
 import logging
 import time
 import uuid
-from collections import deque
 from contextlib import nullcontext
 from typing import (
     TYPE_CHECKING,
     Any,
-    Deque,
     Dict,
     Generic,
     List,
@@ -104,31 +102,25 @@ class _Communicator(Generic[T]):
         self._mode = mode
         self._result_event: Optional[asyncio.Event] = None
         self._result_values: Optional[List[T]] = None
-        self._ready_queue: Deque[asyncio.Future] = deque()
+        # One call in flight; the others wait in arrival order (asyncio.Lock
+        # is FIFO-fair). A hand-off through a ready queue let a caller that
+        # arrived while the next queued one was waking take the slot first,
+        # and the woken one failed its assert (a 500) and never handed on.
+        self._queueing_lock = asyncio.Lock()
 
         assert mode in ["queueing", "watching"]
 
     async def queueing_call(self, obj: T):
-        ready_event = asyncio.Event()
-        if self._result_event is not None or len(self._ready_queue) > 0:
-            self._ready_queue.append(ready_event)
-            await ready_event.wait()
-            assert self._result_event is None
-            assert self._result_values is None
+        async with self._queueing_lock:
+            if obj:
+                self._sender.send_pyobj(obj)
 
-        if obj:
-            self._sender.send_pyobj(obj)
-
-        self._result_event = asyncio.Event()
-        self._result_values = []
-        await self._result_event.wait()
-        result_values = self._result_values
-        self._result_event = self._result_values = None
-
-        if len(self._ready_queue) > 0:
-            self._ready_queue.popleft().set()
-
-        return result_values
+            self._result_event = asyncio.Event()
+            self._result_values = []
+            await self._result_event.wait()
+            result_values = self._result_values
+            self._result_event = self._result_values = None
+            return result_values
 
     async def watching_call(self, obj):
         if self._result_event is None:
