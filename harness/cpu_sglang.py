@@ -120,13 +120,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_env(stub_dir: Path, tp: int, pristine: bool = False) -> dict[str, str]:
+def server_env(stub_dir: Path, ranks: int, pristine: bool = False) -> dict[str, str]:
+    """The CPU recipe's environment for a server of `ranks` scheduler
+    processes (TP size times DP size)."""
     env = dict(os.environ)
     env.update(
         SGLANG_USE_CPU_ENGINE="1",
         SGLANG_NCCL_SO_PATH="/nonexistent",
         SGLANG_CPU_OMP_THREADS_BIND="|".join(
-            str(i % (os.cpu_count() or 1)) for i in range(tp)
+            str(i % (os.cpu_count() or 1)) for i in range(ranks)
         ),
         # SGLang applies that binding only on AMX and arm64 CPUs; elsewhere each
         # rank starts a thread per core, and a forward pass then waits on
@@ -303,7 +305,7 @@ def _launch_once(
         *flags,
         *(extra_args or []),
     ]
-    env = server_env(stub, tp, pristine)
+    env = server_env(stub, _bind_groups(tp, extra_args or []), pristine)
     env.update(env_overrides or {})
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = open(log_path, "wb")
@@ -331,6 +333,23 @@ def _launch_once(
         server.stop()
         raise
     return server
+
+
+def _bind_groups(tp: int, args: list[str]) -> int:
+    """The CPU bind groups a server takes: one per TP rank on 0.5.10 (each DP
+    replica binds its own), one per scheduler process (TP ranks times DP
+    replicas) on later releases."""
+    release = tuple(int(part) for part in sglang_version().split(".")[:3])
+    return tp if release <= (0, 5, 10) else tp * _dp_size(args)
+
+
+def _dp_size(args: list[str]) -> int:
+    for i, word in enumerate(args):
+        if word == "--dp-size" and i + 1 < len(args):
+            return int(args[i + 1])
+        if word.startswith("--dp-size="):
+            return int(word.split("=", 1)[1])
+    return 1
 
 
 def wait_healthy(server: Server, timeout: float) -> None:

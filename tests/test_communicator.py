@@ -66,7 +66,7 @@ def test_a_caller_arriving_during_a_hand_off_waits_its_turn():
     from harness.cpu_sglang import build_stub_libcuda, server_env
 
     # Importing the tokenizer side loads the kernel library: the CPU recipe.
-    env = server_env(build_stub_libcuda(), tp=1)
+    env = server_env(build_stub_libcuda(), ranks=1)
     proc = subprocess.run(
         [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=300
     )

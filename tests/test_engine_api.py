@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_engine_prepare_complete_abort(tiny_model):
     stub = cpu_sglang.build_stub_libcuda()
-    env = cpu_sglang.server_env(stub, tp=1)
+    env = cpu_sglang.server_env(stub, ranks=1)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "python")])
     proc = subprocess.run(
         [

@@ -457,9 +457,6 @@ class TokenizerControlMixin:
         request: Optional[fastapi.Request] = None,
     ) -> Tuple[bool, str]:
         self.auto_create_handle_loop()
-        assert get_parallel().dp_size == 1, (
-            "data-parallel replicas are not supported for update weights from distributed"
-        )
 
         results = await self.init_weights_update_group_communicator(obj)
         return RankedResult(
@@ -472,9 +469,6 @@ class TokenizerControlMixin:
         request: Optional[fastapi.Request] = None,
     ) -> Tuple[bool, str]:
         self.auto_create_handle_loop()
-        assert get_parallel().dp_size == 1, (
-            "data-parallel replicas are not supported for destroy parameter update group"
-        )
 
         results = await self.destroy_weights_update_group_communicator(obj)
         return RankedResult(
@@ -522,9 +516,6 @@ class TokenizerControlMixin:
         request: Optional[fastapi.Request] = None,
     ) -> Tuple[bool, str]:
         self.auto_create_handle_loop()
-        assert get_parallel().dp_size == 1, (
-            "data-parallel replicas are not supported for update weights from distributed"
-        )
 
         if obj.abort_all_requests:
             self.abort_request(abort_all=True)

@@ -16,4 +16,5 @@ FEATURES = (
     "update_group_on_route",
     "idle_scheduler_yields_to_receiver",
     "sync_metrics",
+    "data_parallel_weight_update",
 )

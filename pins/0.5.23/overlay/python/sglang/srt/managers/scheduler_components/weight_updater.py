@@ -169,6 +169,13 @@ class SchedulerWeightUpdaterManager:
         )
         if conflict:
             return InitWeightsUpdateGroupReqOutput(success=False, message=conflict)
+        parallel = get_parallel()
+        if parallel.dp_size > 1 and parallel.attn_dp_size == 1:
+            # Every DP replica's TP ranks join: rank_offset + dp_rank * tp + tp_rank.
+            recv_req = msgspec.structs.replace(
+                recv_req,
+                rank_offset=recv_req.rank_offset + parallel.dp_rank * parallel.tp_size,
+            )
         success, message = self.tp_worker.init_weights_update_group(recv_req)
         return InitWeightsUpdateGroupReqOutput(success=success, message=message)
 

@@ -1,0 +1,239 @@
+"""Two-phase weight update on the tokenizer manager.
+
+Locking: the transfer does not block generation (prepare only starts the
+receiver). `complete` applies between two batches without waiting for
+in-flight requests: they continue on the new weights with their KV cache, as
+after `/pause_generation` in `in_place` mode; the weights never change during
+a forward pass. `drain=true` gives upstream's `update_weights_from_distributed`
+semantics instead (in-flight requests finish first, new ones wait).
+
+With data parallelism every replica verifies before any applies. The same on
+every release: what differs (the communicators to the schedulers, which
+servers cannot take the update) is asked of `TokenizerTwoPhaseUpdateHooks`,
+which each release's series provides in tokenizer_two_phase_update_hooks.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+from typing import TYPE_CHECKING, Any, List, Optional
+
+import fastapi
+
+from sglang.srt.managers.io_struct import (
+    AbortWeightsUpdateReqInput,
+    AbortWeightsUpdateReqOutput,
+    CompleteWeightsUpdateReqInput,
+    CompleteWeightsUpdateReqOutput,
+    PrepareWeightsUpdateReqInput,
+    PrepareWeightsUpdateReqOutput,
+)
+from sglang.srt.managers.scheduler_two_phase_update_mixin import (
+    DEFAULT_COMPLETE_TIMEOUT,
+)
+from sglang.srt.managers.tokenizer_two_phase_update_hooks import (
+    TokenizerTwoPhaseUpdateHooks,
+)
+from sglang.srt.managers.weight_op_results import rank_results_of
+from sglang.srt.managers.weight_update_health import track_weight_update
+from sglang.srt.weight_sync.two_phase_requests import (
+    SCHEDULER_WAIT_S,
+    acquire_writer_before,
+    timed_out_message,
+)
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+
+class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
+    @track_weight_update("prepare_weights_update")
+    async def prepare_weights_update(
+        self: TokenizerManager,
+        obj: PrepareWeightsUpdateReqInput,
+        request: Optional[fastapi.Request] = None,
+    ) -> PrepareWeightsUpdateReqOutput:
+        self.auto_create_handle_loop()
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return PrepareWeightsUpdateReqOutput(
+                status="error", message=unsupported, status_code=400
+            )
+        # An open session is not a running operation for the health check:
+        # serving goes on while the bytes arrive, and a trainer that died
+        # after prepare must not make a serving worker unhealthy.
+        results = await self.prepare_weights_update_communicator(obj)
+        failed = [r for r in results if r.status != "ready"]
+        if not failed:
+            return _replaced(
+                results[0],
+                staging_reused=all(r.staging_reused for r in results),
+            )
+        if len(failed) < len(results):
+            # Validation is the same on every DP replica, so this is rare:
+            # leave no replica with a session the others lack.
+            await self.abort_weights_update_communicator(
+                AbortWeightsUpdateReqInput(group_name=obj.group_name)
+            )
+        return failed[0]
+
+    @track_weight_update("complete_weights_update")
+    async def complete_weights_update(
+        self: TokenizerManager,
+        obj: CompleteWeightsUpdateReqInput,
+        request: Optional[fastapi.Request] = None,
+    ) -> CompleteWeightsUpdateReqOutput:
+        self.auto_create_handle_loop()
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return CompleteWeightsUpdateReqOutput(
+                success=False, message=unsupported, status_code=400
+            )
+        drain = obj.flush_cache if obj.drain is None else obj.drain
+        if obj.apply and obj.flush_cache and not drain:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message="flush_cache: a cache flush needs the in-flight requests "
+                "finished first, which drain=false forbids; nothing was done "
+                "(omit drain, or flush_cache=false to apply in place)",
+                status_code=400,
+                session_open=True,
+            )
+        timeout = DEFAULT_COMPLETE_TIMEOUT if obj.timeout is None else obj.timeout
+        # The operator's deadline bounds every wait.
+        timeout = min(timeout, self.server_args.weight_update_health_deadline)
+        deadline = time.monotonic() + timeout
+        # 1. Every byte received and verified; generation goes on meanwhile.
+        verify = _replaced(obj, apply=False, flush_cache=False)
+        result = await self._complete_before(verify, deadline, timeout)
+        if not obj.apply or not result.success:
+            return result
+        # 2. Drain: new requests wait, in-flight ones finish first.
+        holds_requests_back = False
+        if drain:
+            async with self.is_pause_cond:
+                holds_requests_back = not self.is_pause
+        if holds_requests_back and not await acquire_writer_before(
+            self.model_update_lock, deadline
+        ):
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                num_buckets_received=result.num_buckets_received,
+                message=timed_out_message(timeout, [result]),
+                status_code=400,
+                ready_to_apply=True,
+                session_open=True,
+            )
+        # 3. Apply. The scheduler waits for requests to finish only if they can.
+        attempt = _replaced(obj, drain=holds_requests_back)
+        try:
+            result = await self._complete_before(attempt, deadline, timeout)
+        finally:
+            if holds_requests_back:
+                await self.model_update_lock.release_writer()
+        if result.applied and result.weight_version is not None:
+            self._update_weight_version_if_provided(result.weight_version)
+            result.message += f" Weight version updated to {result.weight_version}."
+        return result
+
+    async def _complete_before(
+        self: TokenizerManager,
+        obj: CompleteWeightsUpdateReqInput,
+        deadline: float,
+        timeout: float,
+    ) -> CompleteWeightsUpdateReqOutput:
+        """Verify on every DP replica, then (if obj.apply) apply on every
+        replica: none applies unless all hold every byte (and, for a cache
+        flush, are idle). Until then each attempt blocks a scheduler for at
+        most SCHEDULER_WAIT_S, so generation goes on between attempts."""
+        verify = _replaced(obj, apply=False, scheduler_wait_s=SCHEDULER_WAIT_S)
+        while True:
+            results = await self.complete_weights_update_communicator(verify)
+            failed = [r for r in results if not r.success and not r.pending]
+            if failed:
+                if not all(r.session_open for r in failed):
+                    # A replica discarded its transfer: discard it everywhere.
+                    await self._abort_sessions_left_open(results, obj.group_name)
+                return _merge_complete(results)
+            if not any(r.pending for r in results):
+                break
+            if time.monotonic() >= deadline:
+                # The sessions stay open: complete again, or abort.
+                received = min(r.num_buckets_received for r in results)
+                return CompleteWeightsUpdateReqOutput(
+                    success=False,
+                    num_buckets_received=received,
+                    message=timed_out_message(timeout, results),
+                    status_code=400,
+                    ready_to_apply=all(r.ready_to_apply for r in results),
+                    session_open=True,
+                )
+            await asyncio.sleep(SCHEDULER_WAIT_S)
+        if not obj.apply:
+            return _merge_complete(results)
+        apply = _replaced(obj, scheduler_wait_s=SCHEDULER_WAIT_S)
+        return _merge_complete(await self.complete_weights_update_communicator(apply))
+
+    async def _abort_sessions_left_open(
+        self: TokenizerManager, results: List, group_name: str
+    ) -> None:
+        if any(r.session_open for r in results):
+            await self.abort_weights_update_communicator(
+                AbortWeightsUpdateReqInput(group_name=group_name)
+            )
+
+    @track_weight_update("abort_weights_update")
+    async def abort_weights_update(
+        self: TokenizerManager,
+        obj: AbortWeightsUpdateReqInput,
+        request: Optional[fastapi.Request] = None,
+    ) -> AbortWeightsUpdateReqOutput:
+        self.auto_create_handle_loop()
+        unsupported = self._two_phase_unsupported()
+        if unsupported:
+            return AbortWeightsUpdateReqOutput(
+                success=False, message=unsupported, status_code=400
+            )
+        results = await self.abort_weights_update_communicator(obj)
+        aborted = [r for r in results if r.success]
+        if not aborted:
+            return results[0]
+        return _replaced(aborted[0], group_usable=all(r.group_usable for r in aborted))
+
+
+def _replaced(obj: Any, **changes: Any) -> Any:
+    """A copy of a request or an answer with `changes` (dataclasses on some
+    releases, msgspec structs on others)."""
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.replace(obj, **changes)
+    import msgspec
+
+    return msgspec.structs.replace(obj, **changes)
+
+
+def _merge_complete(
+    results: List[CompleteWeightsUpdateReqOutput],
+) -> CompleteWeightsUpdateReqOutput:
+    """One answer for every DP replica (the only one without data parallelism)."""
+    if len(results) == 1:
+        return results[0]
+    failed = [r for r in results if not r.success]
+    first = failed[0] if failed else results[0]
+    applied = all(r.applied for r in results)
+    if failed and any(r.applied for r in results):
+        message = "some DP replicas applied and others did not: " + first.message
+    else:
+        message = first.message
+    return _replaced(
+        first,
+        success=not failed,
+        message=message,
+        num_buckets_received=min(r.num_buckets_received for r in results),
+        ready_to_apply=all(r.ready_to_apply for r in results),
+        applied=applied,
+        weight_version=first.weight_version if applied else None,
+        session_open=any(r.session_open for r in results),
+        rank_results=rank_results_of(results),
+    )
