@@ -6,16 +6,7 @@ import logging
 import time
 import uuid
 from contextlib import nullcontext
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Dict,
-    Generic,
-    List,
-    Optional,
-    Tuple,
-    TypeVar,
-)
+from typing import TYPE_CHECKING, Any, Dict, Generic, List, Optional, Tuple, TypeVar
 
 import fastapi
 import zmq
