@@ -14,6 +14,7 @@ import torch
 from harness.cpu_sglang import free_port
 from harness.weights import randomized
 from rlsync import client
+from rlsync.group import join_update_group, leave_update_group
 from rlsync.planner import plan_buckets
 from rlsync.sender import Engine, SyncError, WeightSender
 
@@ -113,6 +114,45 @@ def test_group_init_answers_name_dp_and_tp_rank(dp_server):
     ranks = resp.json()["rank_results"]
     assert [(r["dp_rank"], r["rank"]) for r in ranks] == [(0, 0), (1, 0)]
     assert not any(r["success"] for r in ranks)
+
+
+def test_an_init_that_one_replica_refuses_leaves_no_replica_in_the_group(
+    dp_server,
+):
+    """A trainer that counts one replica (world size 2): replica 0 joins as
+    rank 1, replica 1 (rank 2) cannot. Replica 0 must leave again, or a later
+    single-phase update would reach one replica only and split the weights."""
+    url, port = dp_server.url, free_port()
+    group = f"dp_half_{port}"
+    init = pool.submit(
+        requests.post,
+        url + "/init_weights_update_group",
+        json={
+            "master_address": "127.0.0.1",
+            "master_port": port,
+            "rank_offset": 1,
+            "world_size": 2,
+            "group_name": group,
+            "backend": "gloo",
+            "timeout": 30,
+        },
+        timeout=120,
+    )
+    pg = join_update_group("127.0.0.1", port, 2, group_name=group, timeout=60)
+    try:
+        resp = init.result(timeout=120)
+    finally:
+        leave_update_group(pg)
+    assert resp.status_code == 400, resp.text
+    body = resp.json()
+    joined = [(r["dp_rank"], r["success"]) for r in body["rank_results"]]
+    assert joined == [(0, True), (1, False)], body
+    assert "the ranks that joined left the group again" in body["message"]
+    destroy = requests.post(
+        url + "/destroy_weights_update_group", json={"group_name": group}, timeout=60
+    )
+    assert destroy.status_code == 400, "no replica may keep the group"
+    assert not any(r["success"] for r in destroy.json()["rank_results"])
 
 
 def test_a_corrupted_transfer_is_applied_by_no_replica(

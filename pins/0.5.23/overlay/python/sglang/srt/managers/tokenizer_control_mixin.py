@@ -459,9 +459,16 @@ class TokenizerControlMixin:
         self.auto_create_handle_loop()
 
         results = await self.init_weights_update_group_communicator(obj)
-        return RankedResult(
-            FanOutCommunicator.merge_results(results), rank_results_of(results)
-        )
+        success, message = FanOutCommunicator.merge_results(results)
+        joined = [r["success"] for r in rank_results_of(results)]
+        if any(joined) and not all(joined):
+            # Leave no rank (of any DP replica) in a group the others lack: a
+            # later update would reach only some replicas.
+            await self.destroy_weights_update_group_communicator(
+                DestroyWeightsUpdateGroupReqInput(group_name=obj.group_name)
+            )
+            message += " | the ranks that joined left the group again"
+        return RankedResult((success, message), rank_results_of(results))
 
     async def destroy_weights_update_group(
         self: TokenizerManager,
