@@ -1,15 +1,19 @@
 """Two-phase weight update on the scheduler: prepare, complete, abort.
 
-`prepare` validates the whole update, stages buffers and starts the receiver
-(`StagedWeightReceiver`, its own thread) before it answers, so the trainer can
-broadcast at once: the race of the single-phase path is gone. Serving goes on
-during the transfer. `complete` waits for the receiver, verifies every bucket
-on every TP rank, and only then applies, in one step between two batches: a
-failed, short or corrupted update leaves the old weights serving.
+`prepare` validates the whole update, reserves staging and starts the
+receiver (`StagedWeightReceiver`, its own thread) before it answers, so the
+trainer can broadcast at once: the race of the single-phase path is gone.
+Serving goes on during the transfer. Each rank stages what it keeps: every
+bucket passes through a small ring of bucket buffers into the model's own
+loader, which writes a shadow of the rank's parameters (`ShadowParameters`,
+in device or pinned host memory). `complete` waits for the receiver, verifies
+every bucket on every TP rank, and only then applies, copying shadow into
+live in one step between two batches: a failed, short or corrupted update
+leaves the old weights serving.
 
 The same on every release: what differs between releases (where the update
 groups live, the scheduler's request sockets, a weight-update session of the
-release's own, how the model loads the staged tensors) is asked of
+release's own, which models the update loads into) is asked of
 `SchedulerTwoPhaseUpdateHooks`, which each release's series provides in
 scheduler_two_phase_update_hooks.py; so is whether this rank records the
 sync's metrics (weight_sync/sync_metrics.py, with --enable-metrics).
@@ -24,7 +28,6 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 import zmq
-
 from sglang.srt.managers.io_struct import (
     AbortWeightsUpdateReqInput,
     AbortWeightsUpdateReqOutput,
@@ -45,11 +48,19 @@ from sglang.srt.weight_sync.load_check import (
     check_declared_shapes,
     check_loadable,
 )
+from sglang.srt.weight_sync.shadow_params import (
+    ShadowParameters,
+    parameter_bytes,
+    unsupported_post_processing,
+)
 from sglang.srt.weight_sync.staged_receiver import (
+    RING_BUCKETS,
     StagedWeightReceiver,
     StagingPool,
     WeightsUpdateError,
+    check_digest_format,
     parse_buckets,
+    ring_bytes,
 )
 from sglang.srt.weight_sync.sync_metrics import (
     ABORTED,
@@ -81,6 +92,7 @@ class _Session:
     receiver: StagedWeightReceiver
     weight_version: Optional[str] = None
     verified: bool = False
+    shadow: Optional[ShadowParameters] = None
     # Seconds the scheduler spent in this session's complete calls.
     serving_stall_seconds: float = 0.0
 
@@ -113,6 +125,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
 
     _two_phase_session: Optional[_Session] = None
     _two_phase_pool: Optional[StagingPool] = None
+    _two_phase_shadow: Optional[ShadowParameters] = None
     # Groups dropped with a receive still posted: freeing one joins its
     # worker threads, which block until the peer sends or goes away.
     _abandoned_update_groups: Optional[List] = None
@@ -121,8 +134,10 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     def _end_two_phase_session(self: Scheduler, release: bool) -> None:
         """Close the session (every TP rank calls this at the same point)."""
         self._two_phase_session = None
-        if release and self._two_phase_pool is not None:
-            self._two_phase_pool.release()
+        if release:
+            if self._two_phase_pool is not None:
+                self._two_phase_pool.release()
+            self._two_phase_shadow = None
         self._end_release_session()
         metrics = self._sync_metrics()
         if metrics is not None:
@@ -166,27 +181,53 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 self._receive_idle_poller.register(socket, zmq.POLLIN)
         self._receive_idle_poller.poll(_IDLE_POLL_MS)
 
-    def _check_staging_budget(self: Scheduler, buckets: List) -> None:
-        """413 naming the first bucket that staging cannot hold: past
-        --weight-update-staging-budget-mb, or by default past the memory the
-        device has free (plus the staging already held for reuse)."""
+    def _staging_placement(self: Scheduler) -> str:
+        return getattr(self.server_args, "weight_update_staging", "device")
+
+    def _staging_bytes(self: Scheduler, buckets: List) -> int:
+        """What this rank stages for the update: a shadow of its parameters
+        and its bucket buffers."""
+        return parameter_bytes(self._staged_models()) + ring_bytes(buckets)
+
+    def _check_staging_budget(self: Scheduler, staging_bytes: int) -> None:
+        """413 naming this rank and the bytes it needs: past
+        --weight-update-staging-budget-mb, or by default past the memory free
+        where staging lives (plus the staging already held for reuse)."""
         budget_mb = self.server_args.weight_update_staging_budget_mb
+        placement = self._staging_placement()
         if budget_mb is not None:
             limit = budget_mb * 2**20
             what = f"the --weight-update-staging-budget-mb of {budget_mb} MiB"
         else:
             held = 0 if self._two_phase_pool is None else self._two_phase_pool.nbytes
-            limit = _free_memory(self.tp_worker.model_runner.device) + held
-            what = f"the {limit / 2**20:.0f} MiB the device can hold now"
-        total = 0
-        for bucket in buckets:
-            total += bucket.nbytes
-            if total > limit:
-                raise WeightsUpdateError(
-                    f"buckets[{bucket.index}]: staging needs {total / 2**20:.1f} "
-                    f"MiB up to this bucket, more than {what}",
-                    status_code=413,
-                )
+            if self._two_phase_shadow is not None:
+                held += self._two_phase_shadow.nbytes
+            device = self.tp_worker.model_runner.device
+            free = _free_memory("cpu" if placement == "host" else device)
+            limit = free + held
+            what = f"the {limit / 2**20:.0f} MiB free in {placement} memory now"
+        if staging_bytes > limit:
+            raise WeightsUpdateError(
+                f"buckets: staging needs {staging_bytes / 2**20:.1f} MiB on TP "
+                f"rank {self.tp_rank} (a copy of its parameters and "
+                f"{RING_BUCKETS} bucket buffers), more than "
+                f"{what}",
+                status_code=413,
+            )
+
+    def _shadow_for_update(self: Scheduler) -> ShadowParameters:
+        """The shadow of this rank's parameters, kept between updates."""
+        models = self._staged_models()
+        shadow = self._two_phase_shadow
+        if (
+            shadow is None
+            or shadow.placement != self._staging_placement()
+            or not shadow.matches(models)
+        ):
+            self._two_phase_shadow = None  # free the old one first
+            shadow = ShadowParameters(models, self._staging_placement())
+            self._two_phase_shadow = shadow
+        return shadow
 
     def prepare_weights_update(
         self: Scheduler, recv_req: PrepareWeightsUpdateReqInput
@@ -213,16 +254,32 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 recv_req.load_format,
                 _known_name_checker(model_runner.model),
             )
-            self._check_staging_budget(buckets)
+            unsupported = unsupported_post_processing(self._staged_models())
+            if unsupported:
+                raise WeightsUpdateError(f"buckets: {unsupported}")
+            staging_bytes = self._staging_bytes(buckets)
+            self._check_staging_budget(staging_bytes)
             _check_loadable(
                 model_runner.model, self.server_args.model_path, self.tp_size, buckets
             )
             if self._two_phase_pool is None:
                 self._two_phase_pool = StagingPool(model_runner.device)
+            shadow = self._shadow_for_update()
             receiver = StagedWeightReceiver(
-                buckets, group, self._two_phase_pool, recv_req.load_format
+                buckets,
+                group,
+                self._two_phase_pool,
+                recv_req.load_format,
+                sink=shadow.load,
+                before_first_bucket=shadow.begin,
+                defer_digests=recv_req.defer_digests,
             )
-            local = {"success": True, "message": "", "status_code": 200}
+            local = {
+                "success": True,
+                "message": "",
+                "status_code": 200,
+                "staging_bytes": staging_bytes,
+            }
         except WeightsUpdateError as e:
             local = {"success": False, "message": str(e), "status_code": e.status_code}
         except Exception as e:
@@ -235,6 +292,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             # Nothing has moved yet: the trainer broadcasts only after "ready".
             if receiver is not None and self._two_phase_session is None:
                 self._two_phase_pool.release()
+                self._two_phase_shadow = None
             metrics = self._sync_metrics()
             if metrics is not None:
                 metrics.sync_ended(FAILED, REJECTED)
@@ -248,16 +306,22 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         self._begin_release_session()
         receiver.start()
         self._two_phase_session = _Session(
-            recv_req.group_name, receiver, recv_req.weight_version
+            recv_req.group_name, receiver, recv_req.weight_version, shadow=shadow
         )
         metrics = self._sync_metrics()
         if metrics is not None:
             metrics.session_open(True)
+            metrics.staging(staging_bytes)
         return PrepareWeightsUpdateReqOutput(
             status="ready",
             message="",
             num_bytes=receiver.total_bytes,
             staging_reused=receiver.stats.staging_reused,
+            staging_bytes=max(r["staging_bytes"] for r in results),
+            rank_staging_bytes=[
+                {k: r[k] for k in ("dp_rank", "rank", "staging_bytes") if k in r}
+                for r in results
+            ],
         )
 
     @pause_watchdogs_during_weight_update
@@ -308,7 +372,15 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         if timeout is None:
             timeout = DEFAULT_COMPLETE_TIMEOUT
         local = {"success": True, "message": "", "timed_out": False}
+        digests_error = None
         if not session.verified:
+            digests_error = _check_complete_digests(
+                recv_req.digests, receiver.buckets, receiver.defer_digests
+            )
+        if digests_error is not None:
+            # A malformed request: the session stays open for a good one.
+            local = {"success": False, "timed_out": True, "message": digests_error}
+        elif not session.verified:
             polling = recv_req.scheduler_wait_s is not None
             done = receiver.wait(recv_req.scheduler_wait_s if polling else timeout)
             if not done and polling:
@@ -332,7 +404,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 }
             else:
                 receiver.synchronize()
-                errors = receiver.verify()
+                errors = receiver.verify(recv_req.digests)
                 if errors:
                     local = {
                         "success": False,
@@ -342,11 +414,20 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                         "message": "verification failed, nothing applied: "
                         + "; ".join(errors),
                     }
+                elif session.shadow.check_appliable() is not None:
+                    local = {
+                        "success": False,
+                        "timed_out": False,
+                        "reason": APPLY_ERROR,
+                        "message": "nothing applied: "
+                        + session.shadow.check_appliable(),
+                    }
         stats["wait_seconds"] = time.perf_counter() - t0
         stats.update(
             bytes_received=receiver.stats.bytes_received,
             receive_seconds=receiver.stats.receive_seconds,
             verify_seconds=receiver.stats.verify_seconds,
+            load_seconds=receiver.stats.load_seconds,
             staging_reused=receiver.stats.staging_reused,
         )
         local["buckets"] = receiver.stats.buckets_received
@@ -416,9 +497,11 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         # 3. Apply, in one step between two batches, on every rank.
         t2 = time.perf_counter()
         try:
-            if torch.cuda.is_available() and receiver.buffer.is_cuda:
-                torch.cuda.current_stream().synchronize()
-            self._load_staged_weights(receiver)
+            receiver.synchronize()
+            problem = session.shadow.check_appliable()
+            if problem is not None:
+                raise WeightsUpdateError(f"nothing applied: {problem}")
+            session.shadow.apply()
             local = {"success": True, "message": ""}
         except Exception as e:
             logger.exception("complete_weights_update: apply failed")
@@ -571,6 +654,36 @@ def _check_loadable(model, model_path: str, tp_size: int, buckets: List) -> None
     except LoadCheckError as e:
         bucket, position, _ = specs[e.index]
         raise WeightsUpdateError(f"buckets[{bucket}].{e.field}[{position}]: {e}")
+
+
+def _check_complete_digests(
+    digests: Optional[List[str]], buckets: List, deferred: bool
+) -> Optional[str]:
+    """Why complete's `digests` cannot be checked against the session, or None."""
+    if digests is None:
+        if deferred:
+            return (
+                f"digests: the session was prepared with defer_digests; send "
+                f"one digest per bucket ({len(buckets)}) with complete"
+            )
+        return None
+    if len(digests) != len(buckets):
+        return (
+            f"digests: {len(digests)} digests for {len(buckets)} buckets; "
+            f"send one per bucket"
+        )
+    if not deferred and any(b.digest is None for b in buckets):
+        return (
+            "digests: the session was prepared without defer_digests, so the "
+            "buckets' digests were not recorded as they landed; send them "
+            "with prepare, or prepare with defer_digests"
+        )
+    try:
+        for i, digest in enumerate(digests):
+            check_digest_format(digest, f"digests[{i}]")
+    except WeightsUpdateError as e:
+        return str(e)
+    return None
 
 
 def _join_messages(failed: List[Dict], tp_size: int) -> str:

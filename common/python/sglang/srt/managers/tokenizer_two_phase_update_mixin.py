@@ -70,6 +70,10 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             return _replaced(
                 results[0],
                 staging_reused=all(r.staging_reused for r in results),
+                staging_bytes=max(r.staging_bytes for r in results),
+                rank_staging_bytes=[
+                    entry for r in results for entry in r.rank_staging_bytes
+                ],
             )
         if len(failed) < len(results):
             # Validation is the same on every DP replica, so this is rare:

@@ -1,15 +1,19 @@
-"""Receive a whole weight update into staging buffers, beside the scheduler.
+"""Receive a weight update bucket by bucket, beside the scheduler.
 
 The receiving half of the two-phase weight update (`/prepare_weights_update`,
 `/complete_weights_update`): bucket metadata is validated before any byte
-moves, every bucket lands in one staging buffer (kept between updates, since a
-trainer syncs every step), and nothing touches the model until every bucket
-has arrived and matched its sender digest.
+moves; each bucket lands in one of a few reused bucket buffers (kept between
+updates, since a trainer syncs every step), is digested as it lands, and is
+then handed to a sink (the model's own loader writing into a shadow of the
+rank's parameters, see shadow_params.py) before its buffer takes the next
+bucket. Nothing touches the served model until every bucket has arrived and
+matched its sender digest, which may come with `prepare` or, for a sender
+that streams, with `complete` (`defer_digests`).
 
 Imports only torch (and the digest module beside it), so the data path can be
 benchmarked without SGLang.
 
-Staging layout: the tensors of a bucket are packed back to back in metadata
+Bucket layout: the tensors of a bucket are packed back to back in metadata
 order, as raw bytes; this is `FlattenedTensorBucket`'s layout, so a bucket is
 one contiguous uint8 region that a "flattened_bucket" sender broadcasts in one
 call. With `load_format=None` each tensor is broadcast on its own, into its
@@ -28,7 +32,6 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 import torch
 import torch.distributed as dist
-
 from sglang.srt.weight_sync.digest import (
     DIGEST_ALGORITHM,
     MAX_DIGEST_BYTES,
@@ -205,28 +208,44 @@ def check_digest_format(digest: Any, where: str, nbytes: Optional[int] = None) -
 # --- staging --------------------------------------------------------------
 
 
+# Bucket buffers: bucket k+1 arrives while bucket k is loaded.
+RING_BUCKETS = 2
+
+
 class StagingPool:
-    """One reusable buffer: first-touching fresh memory costs more than the
-    transfer itself, and a trainer sends the same layout every step."""
+    """Reusable bucket buffers: first-touching fresh memory costs more than
+    the transfer itself, and a trainer sends the same layout every step."""
 
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
-        self._buffer: Optional[torch.Tensor] = None
+        self._buffers: List[torch.Tensor] = []
 
     @property
     def nbytes(self) -> int:
-        return 0 if self._buffer is None else self._buffer.numel()
+        return sum(buffer.numel() for buffer in self._buffers)
 
-    def acquire(self, nbytes: int) -> Tuple[torch.Tensor, bool]:
-        """A uint8 buffer of exactly nbytes; True when it was reused."""
-        if self._buffer is not None and self._buffer.numel() == nbytes:
-            return self._buffer, True
+    def acquire(
+        self, nbytes: int, count: int = RING_BUCKETS
+    ) -> Tuple[List[torch.Tensor], bool]:
+        """`count` uint8 buffers of nbytes each; True when they were reused."""
+        if len(self._buffers) == count and all(
+            buffer.numel() == nbytes for buffer in self._buffers
+        ):
+            return self._buffers, True
         self.release()
-        self._buffer = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        return self._buffer, False
+        self._buffers = [
+            torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+            for _ in range(count)
+        ]
+        return self._buffers, False
 
     def release(self) -> None:
-        self._buffer = None
+        self._buffers = []
+
+
+def ring_bytes(buckets: Sequence[BucketSpec], count: int = RING_BUCKETS) -> int:
+    """What the bucket buffers of an update take."""
+    return count * max(bucket.nbytes for bucket in buckets)
 
 
 def _typed_view(region: torch.Tensor, spec: TensorSpec) -> Optional[torch.Tensor]:
@@ -239,6 +258,9 @@ def _typed_view(region: torch.Tensor, spec: TensorSpec) -> Optional[torch.Tensor
 
 # --- receiver -------------------------------------------------------------
 
+# A bucket's tensors, as views into its buffer, to whoever keeps them.
+BucketSink = Callable[[Iterator[Tuple[str, torch.Tensor]]], None]
+
 
 @dataclass
 class ReceiveStats:
@@ -246,6 +268,8 @@ class ReceiveStats:
     buckets_received: int = 0
     receive_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # Seconds the sink (the loader into the shadow) took, summed over buckets
+    load_seconds: float = 0.0
     staging_reused: bool = False
     # Seconds from the start of the receive to each bucket's arrival (verified)
     bucket_done_seconds: List[float] = field(default_factory=list)
@@ -253,7 +277,10 @@ class ReceiveStats:
 
 class StagedWeightReceiver:
     """Receives every bucket of one update from rank 0 of `group` on its own
-    thread (and, on CUDA, its own stream) into a staging buffer."""
+    thread (and, on CUDA, its own stream), through a ring of bucket buffers:
+    each bucket is digested as it lands and handed to `sink`, which must be
+    done with its tensors when it returns (the buffer takes a later bucket).
+    `before_first_bucket` runs on that thread before anything is received."""
 
     def __init__(
         self,
@@ -262,19 +289,23 @@ class StagedWeightReceiver:
         pool: StagingPool,
         load_format: Optional[str] = None,
         src: int = 0,
+        sink: Optional[BucketSink] = None,
+        before_first_bucket: Optional[Callable[[], None]] = None,
+        defer_digests: bool = False,
     ):
         self.buckets = list(buckets)
         self.group = group
         self.load_format = load_format
         self.src = src
+        self.sink = sink
+        self.before_first_bucket = before_first_bucket
+        self.defer_digests = defer_digests
         self.total_bytes = sum(b.nbytes for b in self.buckets)
-        self.buffer, reused = pool.acquire(self.total_bytes)
+        self.ring, reused = pool.acquire(max(b.nbytes for b in self.buckets))
         self.stats = ReceiveStats(staging_reused=reused)
-        self._bucket_offsets = []
-        offset = 0
-        for bucket in self.buckets:
-            self._bucket_offsets.append(offset)
-            offset += bucket.nbytes
+        # Each bucket's digest as it landed (every bucket whose sender digest
+        # is known now or comes with complete).
+        self.landed_digests: Dict[int, str] = {}
         self.error: Optional[str] = None
         self.digest_errors: List[str] = []
         self._abort = threading.Event()
@@ -324,34 +355,26 @@ class StagedWeightReceiver:
 
     # Data -----------------------------------------------------------------
 
-    def bucket_bytes(self, index: int) -> torch.Tensor:
-        start = self._bucket_offsets[index]
-        return self.buffer[start : start + self.buckets[index].nbytes]
+    def _buffer_of(self, bucket: BucketSpec) -> torch.Tensor:
+        return self.ring[bucket.index % len(self.ring)][: bucket.nbytes]
 
-    def verify(self) -> List[str]:
-        """Buckets whose bytes did not match the sender digest; one error each."""
-        return list(self.digest_errors)
+    def verify(self, digests: Optional[Sequence[str]] = None) -> List[str]:
+        """Buckets whose bytes did not match the sender digest, one error
+        each: the digests given with prepare (checked as each landed) and,
+        with `digests`, those the sender sends afterwards."""
+        errors = list(self.digest_errors)
+        for bucket, expected in zip(self.buckets, digests or ()):
+            got = self.landed_digests.get(bucket.index)
+            if got is not None and got != expected:
+                errors.append(_mismatch(bucket, got, expected))
+        return errors
 
-    def _check_digest(self, bucket: BucketSpec) -> None:
-        if bucket.digest is None:
+    def _check_digest(self, bucket: BucketSpec, region: torch.Tensor) -> None:
+        if bucket.digest is None and not self.defer_digests:
             return
-        got = digest_bytes(self.bucket_bytes(bucket.index))
-        if got != bucket.digest:
-            self.digest_errors.append(
-                f"bucket {bucket.index} ({bucket.tensors[0].name}, ...): digest "
-                f"{got} does not match the sender's {bucket.digest}"
-            )
-
-    def named_tensors(self) -> Iterator[Tuple[str, torch.Tensor]]:
-        """Views into staging (a copy only where a dtype is misaligned)."""
-        for bucket in self.buckets:
-            region = self.bucket_bytes(bucket.index)
-            for spec in bucket.tensors:
-                view = _typed_view(region, spec)
-                if view is None:
-                    raw = region[spec.offset : spec.offset + spec.nbytes].clone()
-                    view = raw.view(spec.dtype).view(spec.shape)
-                yield spec.name, view
+        got = self.landed_digests[bucket.index] = digest_bytes(region)
+        if bucket.digest is not None and got != bucket.digest:
+            self.digest_errors.append(_mismatch(bucket, got, bucket.digest))
 
     def synchronize(self) -> None:
         if self._stream is not None:
@@ -365,10 +388,8 @@ class StagedWeightReceiver:
             if self._stream is not None:
                 torch.cuda.set_device(self._stream.device)
                 with torch.cuda.stream(self._stream):
-                    self._started.set()
                     self._receive_all()
             else:
-                self._started.set()
                 self._receive_all()
         except Exception as e:  # reported by complete(), never raised here
             self.error = f"{type(e).__name__}: {e}"
@@ -378,48 +399,59 @@ class StagedWeightReceiver:
             self._done.set()
 
     def _receive_all(self) -> None:
+        # Receives are posted only after the sink is ready for the first
+        # bucket; the sender's broadcast waits for them meanwhile.
+        self._started.set()
+        if self.before_first_bucket is not None:
+            self.before_first_bucket()
         if self.load_format == "flattened_bucket":
             self._receive_flattened()
             return
-        # Each bucket is verified once the next one is on the wire, so the
-        # digest overlaps the transfer instead of following it.
-        arrived: Optional[BucketSpec] = None
         for bucket in self.buckets:
-            region = self.bucket_bytes(bucket.index)
-            if arrived is not None:
-                self._finish(arrived)
+            region = self._buffer_of(bucket)
             for spec in bucket.tensors:
                 if not self._receive_tensor(region, spec):
                     return
-            arrived = bucket
-        if arrived is not None:
-            self._finish(arrived)
+            self._finish(bucket, region)
 
     def _receive_flattened(self) -> None:
-        # Bucket k+1 is posted before bucket k is waited for, so the wire does
-        # not idle between buckets, and k is verified while k+1 arrives.
+        # Bucket k+1 is posted (into the other buffer) before bucket k is
+        # waited for, so the wire does not idle between buckets, and k is
+        # verified and loaded while k+1 arrives.
         posted: Deque[Tuple[BucketSpec, dist.Work]] = deque()
         for bucket in self.buckets:
-            region = self.bucket_bytes(bucket.index)
-            work = self._post(region)
+            work = self._post(self._buffer_of(bucket))
             if work is None:
                 return
             posted.append((bucket, work))
-            if len(posted) > 1:
-                arrived, work = posted.popleft()
-                if not self._wait(work, region.is_cuda):
+            if len(posted) == len(self.ring):
+                if not self._land(*posted.popleft()):
                     return
-                self._finish(arrived)
         while posted:
-            arrived, work = posted.popleft()
-            if not self._wait(work, self.buffer.is_cuda):
+            if not self._land(*posted.popleft()):
                 return
-            self._finish(arrived)
 
-    def _finish(self, bucket: BucketSpec) -> None:
+    def _land(self, bucket: BucketSpec, work: dist.Work) -> bool:
+        region = self._buffer_of(bucket)
+        if not self._wait(work, region.is_cuda):
+            return False
+        self._finish(bucket, region)
+        return True
+
+    def _finish(self, bucket: BucketSpec, region: torch.Tensor) -> None:
         t0 = time.perf_counter()
-        self._check_digest(bucket)
-        self.stats.verify_seconds += time.perf_counter() - t0
+        self._check_digest(bucket, region)
+        t1 = time.perf_counter()
+        self.stats.verify_seconds += t1 - t0
+        if self.sink is not None:
+            try:
+                self.sink(_bucket_tensors(region, bucket))
+            except Exception as e:
+                raise RuntimeError(
+                    f"loading bucket {bucket.index} ({bucket.tensors[0].name}, "
+                    f"...) into the staged copy failed: {type(e).__name__}: {e}"
+                ) from e
+            self.stats.load_seconds += time.perf_counter() - t1
         self.stats.buckets_received += 1
         self.stats.bytes_received += bucket.nbytes
         self.stats.bucket_done_seconds.append(time.perf_counter() - self._t0)
@@ -470,3 +502,22 @@ class StagedWeightReceiver:
             work.wait()
         self.pending_works.remove(work)
         return True
+
+
+def _bucket_tensors(
+    region: torch.Tensor, bucket: BucketSpec
+) -> Iterator[Tuple[str, torch.Tensor]]:
+    """Views into the bucket's bytes (a copy only where a dtype is misaligned)."""
+    for spec in bucket.tensors:
+        view = _typed_view(region, spec)
+        if view is None:
+            raw = region[spec.offset : spec.offset + spec.nbytes].clone()
+            view = raw.view(spec.dtype).view(spec.shape)
+        yield spec.name, view
+
+
+def _mismatch(bucket: BucketSpec, got: str, expected: str) -> str:
+    return (
+        f"bucket {bucket.index} ({bucket.tensors[0].name}, ...): digest "
+        f"{got} does not match the sender's {expected}"
+    )

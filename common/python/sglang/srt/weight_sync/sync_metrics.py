@@ -82,12 +82,22 @@ class WeightSyncMetrics:
             names,
             multiprocess_mode="livesum",
         )
+        self.staging_bytes = Gauge(
+            "sglang:weight_sync_staging_bytes",
+            "Bytes the last two-phase weight sync staged on TP rank 0 of each "
+            "replica: the copy of its parameters plus its bucket buffers.",
+            names,
+            multiprocess_mode="livemax",
+        )
 
     def sync_ended(self, outcome: str, reason: str = "") -> None:
         self.syncs.labels(**self.labels, outcome=outcome, reason=reason).inc()
 
     def session_open(self, is_open: bool) -> None:
         self.sessions_open.labels(**self.labels).set(1 if is_open else 0)
+
+    def staging(self, nbytes: int) -> None:
+        self.staging_bytes.labels(**self.labels).set(nbytes)
 
     def received(
         self, nbytes: int, receive_seconds: Optional[float], verify_seconds: float

@@ -384,6 +384,7 @@ class ServerArgs:
     soft_watchdog_timeout: Optional[float] = None
     weight_update_health_deadline: float = 600
     weight_update_staging_budget_mb: Optional[float] = None
+    weight_update_staging: str = "device"
     weight_update_max_request_mb: float = 16
     dist_timeout: Optional[int] = None  # timeout for torch.distributed
     download_dir: Optional[str] = None
@@ -4211,6 +4212,13 @@ class ServerArgs:
             type=float,
             default=ServerArgs.weight_update_staging_budget_mb,
             help="Largest staging a two-phase weight update (/prepare_weights_update) may allocate per TP rank, in MiB. Default: the memory the device has free.",
+        )
+        parser.add_argument(
+            "--weight-update-staging",
+            type=str,
+            choices=["device", "host"],
+            default=ServerArgs.weight_update_staging,
+            help="Where a two-phase weight update keeps each rank's staged copy of its parameters: device memory, or pinned host memory for GPUs with no room (the apply is then a host-to-device copy).",
         )
         parser.add_argument(
             "--weight-update-max-request-mb",

@@ -1459,6 +1459,9 @@ class PrepareWeightsUpdateReqInput(BaseReq):
     load_format: Optional[StrictStr] = None
     # Optional: the version the weights get once applied
     weight_version: Optional[StrictStr] = None
+    # The sender digests each bucket just before sending it and sends the
+    # digests with complete: every bucket's digest is recorded as it lands
+    defer_digests: StrictBool = False
 
     def __post_init__(self):
         check_group_name(self.group_name)
@@ -1473,6 +1476,10 @@ class PrepareWeightsUpdateReqOutput(BaseReq):
     staging_reused: bool = False
     # A refusal because a session of another group is open: that group
     open_session_group: Optional[str] = None
+    # What the update stages on the rank that stages most: the shadow of its
+    # parameters plus its bucket buffers; and on every rank
+    staging_bytes: int = 0
+    rank_staging_bytes: List[Dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -1490,6 +1497,8 @@ class CompleteWeightsUpdateReqInput(BaseReq):
     drain: Optional[StrictBool] = None
     # Free the staging buffers afterwards instead of keeping them for the next update
     release_staging: StrictBool = False
+    # One sender digest per bucket, for a session prepared with defer_digests
+    digests: Optional[List[StrictStr]] = None
     # Internal: the longest the scheduler may block per attempt; the tokenizer
     # manager retries until `timeout`, so batches run while bytes arrive
     scheduler_wait_s: Optional[float] = None

@@ -1,7 +1,7 @@
 """What SGLang 0.5.10's scheduler provides the two-phase weight update
 (scheduler_two_phase_update_mixin, the same on every release): where the
-update groups live, the sockets an idle scheduler waits on, and how the model
-loads the staged tensors. This release has no weight-update session of its
+update groups live, the sockets an idle scheduler waits on, and the models an
+update loads into. This release has no weight-update session of its
 own, so there is nothing to open, close or refuse beside one.
 """
 
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
+import torch
 import zmq
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.weight_sync.staged_receiver import StagedWeightReceiver
 
 
 class SchedulerTwoPhaseUpdateHooks:
@@ -36,8 +36,9 @@ class SchedulerTwoPhaseUpdateHooks:
     def _end_release_session(self: Scheduler) -> None:
         """Nothing to close."""
 
-    def _load_staged_weights(self: Scheduler, receiver: StagedWeightReceiver) -> None:
-        self.tp_worker.model_runner.model.load_weights(receiver.named_tensors())
+    def _staged_models(self: Scheduler) -> List[torch.nn.Module]:
+        """The models an update loads into: the served one."""
+        return [self.tp_worker.model_runner.model]
 
     def _weight_sync_metrics_labels(self: Scheduler) -> Optional[Dict[str, str]]:
         """Labels of this rank's weight-sync metrics (weight_sync/

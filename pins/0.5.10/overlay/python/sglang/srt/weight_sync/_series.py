@@ -18,4 +18,5 @@ FEATURES = (
     "update_group_on_route",
     "fused_cuda_digest",
     "sync_metrics",
+    "shard_staging",
 )

@@ -553,6 +553,7 @@ POSITIONAL_FIELD_ORDER = (
     "aux_hidden_state_capture",
     "return_aux_hidden_state_layer_ids",
     "weight_update_staging_budget_mb",
+    "weight_update_staging",
     "weight_update_max_request_mb",
     "weight_update_health_deadline",
 )

@@ -6,9 +6,8 @@ begins it (once every rank has accepted the update), `complete` ends it after
 the apply, and an abort or a discarded transfer ends it too. While it is open
 upstream's begin_weight_update is refused, and so are end_weight_update,
 re-initialising its group and a single-phase update on that group. The
-update groups live in the model runner's weight updater, and the staged
-tensors load into every runner the weight updater selects (the target and
-a draft model).
+update groups live in the model runner's weight updater, and an update loads
+into every runner the weight updater selects (the target and a draft model).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import msgspec
+import torch
 import zmq
 
 from sglang.srt.managers.io_struct import (
@@ -27,7 +27,6 @@ from sglang.srt.weight_sync.staged_receiver import WeightsUpdateError
 
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.weight_sync.staged_receiver import StagedWeightReceiver
 
 
 class SchedulerTwoPhaseUpdateHooks:
@@ -71,9 +70,13 @@ class SchedulerTwoPhaseUpdateHooks:
             )
             updater.end_weight_update(EndWeightUpdateReqInput())
 
-    def _load_staged_weights(self: Scheduler, receiver: StagedWeightReceiver) -> None:
-        for _, runner in self.weight_updater._select_runners():
-            runner.weight_updater.get_model().load_weights(receiver.named_tensors())
+    def _staged_models(self: Scheduler) -> List[torch.nn.Module]:
+        """The models an update loads into: every runner the weight updater
+        selects (the target and a draft model)."""
+        return [
+            runner.weight_updater.get_model()
+            for _, runner in self.weight_updater._select_runners()
+        ]
 
     def _weight_sync_metrics_labels(self: Scheduler) -> Optional[Dict[str, str]]:
         """Labels of this rank's weight-sync metrics (weight_sync/

@@ -17,4 +17,5 @@ FEATURES = (
     "idle_scheduler_yields_to_receiver",
     "sync_metrics",
     "data_parallel_weight_update",
+    "shard_staging",
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import (
     Callable,
     List,
+    Literal,
     Optional,
 )
 
@@ -79,6 +80,10 @@ class Device(msgspec.Struct):
         Optional[float],
         "Largest staging a two-phase weight update (/prepare_weights_update) may allocate per TP rank, in MiB. Default: the memory the device has free.",
     ] = None
+    weight_update_staging: A[
+        Literal["device", "host"],
+        "Where a two-phase weight update keeps each rank's staged copy of its parameters: device memory, or pinned host memory for GPUs with no room (the apply is then a host-to-device copy).",
+    ] = "device"
     weight_update_max_request_mb: A[
         float,
         "Largest body of a weight-update request (bucket metadata and the like), in MiB; larger bodies are refused with a 413 before they are parsed.",

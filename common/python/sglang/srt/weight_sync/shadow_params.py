@@ -1,0 +1,233 @@
+"""A shadow of a model's parameters, written by the model's own loader.
+
+The two-phase weight update stages what each rank keeps, not the whole
+update: every bucket that arrives is handed to the model's own
+`load_weights`, which writes it into a shadow copy of this rank's parameters
+(same shapes, dtypes, sharding and loader attributes), never into the live
+ones. The apply then copies shadow into live, parameter by parameter, between
+two batches; live storage keeps its addresses, so CUDA graphs stay valid.
+
+The loader runs on a clone of the model's module tree: every module is a
+shallow copy of the live one whose parameters are the shadows and whose
+children are the clones (a module or parameter shared in the live model is
+shared in the clone, so tied weights stay tied). Everything the loader does
+on a disk load happens the same way: fused q/k/v and gate/up, vocabulary
+shards, name mapping, experts, only into other storage. The live model is
+only read, so serving goes on meanwhile.
+
+A loader that replaces a module attribute or a parameter instead of writing
+into it (derived weights, re-layouts) cannot be staged this way: that is
+detected after every bucket and fails the update, naming the attribute.
+
+Imports only torch.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+PLACEMENTS = ("device", "host")
+
+
+class ShadowLoadError(RuntimeError):
+    """The loader did something a staged update cannot reproduce."""
+
+
+def _distinct_parameters(
+    models: Sequence[torch.nn.Module],
+) -> List[torch.nn.Parameter]:
+    seen: Dict[int, torch.nn.Parameter] = {}
+    for model in models:
+        for module in model.modules():
+            for param in module._parameters.values():
+                if param is not None:
+                    seen.setdefault(id(param), param)
+    return list(seen.values())
+
+
+def parameter_bytes(models: Sequence[torch.nn.Module]) -> int:
+    """Bytes a shadow of these models' parameters takes (shared ones once)."""
+    return sum(p.numel() * p.element_size() for p in _distinct_parameters(models))
+
+
+def _shadow_of(live: torch.nn.Parameter, placement: str) -> torch.nn.Parameter:
+    if placement == "host":
+        data = torch.empty(
+            live.shape,
+            dtype=live.dtype,
+            device="cpu",
+            pin_memory=torch.cuda.is_available(),
+        )
+    else:
+        data = torch.empty_like(live.data)
+    # The same class (a loader may call the parameter's own methods) and the
+    # same attributes (weight_loader, output_dim, ...).
+    shadow = torch.Tensor._make_subclass(type(live), data, False)
+    shadow.__dict__.update(live.__dict__)
+    return shadow
+
+
+_TREE_SLOTS = ("_parameters", "_buffers", "_modules")
+
+
+class ShadowParameters:
+    """A shadow of every parameter of `models` (a served model and, where the
+    release has them, draft models), their loaders running on clones."""
+
+    def __init__(self, models: Sequence[torch.nn.Module], placement: str = "device"):
+        assert placement in PLACEMENTS, placement
+        self.placement = placement
+        self._live = _distinct_parameters(models)
+        self._shadows: Dict[int, torch.nn.Parameter] = {
+            id(p): _shadow_of(p, placement) for p in self._live
+        }
+        self._addresses = {id(p): s.data_ptr() for p, s in self._pairs()}
+        self._models = list(models)
+        self._clones: List[torch.nn.Module] = []
+        # (live module, its clone, the clone's attributes as cloned)
+        self._cloned: List[Tuple[torch.nn.Module, torch.nn.Module, Dict]] = []
+
+    def _pairs(self) -> Iterable[Tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+        return ((live, self._shadows[id(live)]) for live in self._live)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self._live)
+
+    def matches(self, models: Sequence[torch.nn.Module]) -> bool:
+        """Still a shadow of exactly these models' parameters."""
+        if len(models) != len(self._models) or any(
+            a is not b for a, b in zip(models, self._models)
+        ):
+            return False
+        live = _distinct_parameters(models)
+        return len(live) == len(self._live) and all(
+            a is b and self._shadows[id(a)].shape == a.shape
+            for a, b in zip(live, self._live)
+        )
+
+    # The clone ----------------------------------------------------------------
+
+    def _clone_tree(self, model: torch.nn.Module) -> torch.nn.Module:
+        clones: Dict[int, torch.nn.Module] = {}
+
+        def clone(module: torch.nn.Module) -> torch.nn.Module:
+            copy = clones.get(id(module))
+            if copy is not None:
+                return copy
+            copy = object.__new__(type(module))
+            copy.__dict__.update(module.__dict__)
+            clones[id(module)] = copy
+            copy.__dict__["_parameters"] = {
+                name: None if p is None else self._shadows[id(p)]
+                for name, p in module._parameters.items()
+            }
+            copy.__dict__["_buffers"] = dict(module._buffers)
+            copy.__dict__["_modules"] = {
+                name: None if child is None else clone(child)
+                for name, child in module._modules.items()
+            }
+            self._cloned.append((module, copy, dict(copy.__dict__)))
+            return copy
+
+        return clone(model)
+
+    def _check_clones_untouched(self) -> None:
+        """Fail naming what the loader replaced instead of writing into: the
+        apply copies parameter bytes only, so such a change would be lost."""
+        for live, copy, cloned in self._cloned:
+            where = type(live).__name__
+            for key in cloned.keys() | copy.__dict__.keys():
+                if key in _TREE_SLOTS:
+                    slot, was = copy.__dict__.get(key), cloned.get(key)
+                    if slot is not was or any(
+                        slot[name] is not value for name, value in was.items()
+                    ):
+                        raise ShadowLoadError(
+                            f"the model's loader replaced {key[1:-1]} of {where} "
+                            f"instead of writing into them; a staged update "
+                            f"cannot apply that"
+                        )
+                    if slot.keys() != was.keys():
+                        raise ShadowLoadError(
+                            f"the model's loader added {key[1:-1]} to {where}"
+                        )
+                elif copy.__dict__.get(key) is not cloned.get(key):
+                    raise ShadowLoadError(
+                        f"the model's loader set attribute {key!r} of {where} "
+                        f"(weights derived while loading); a staged update "
+                        f"cannot apply that"
+                    )
+        for live, shadow in self._pairs():
+            if shadow.data_ptr() != self._addresses[id(live)]:
+                raise ShadowLoadError(
+                    "the model's loader replaced a parameter's storage instead "
+                    "of writing into it; a staged update cannot apply that"
+                )
+
+    # Data -----------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Before an update's first bucket: shadow = live (what the update
+        does not name keeps its bytes), and fresh clones of the module tree."""
+        with torch.no_grad():
+            for live, shadow in self._pairs():
+                shadow.copy_(live.data, non_blocking=True)
+        self._cloned = []
+        self._clones = [self._clone_tree(model) for model in self._models]
+
+    def load(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
+        """One bucket's tensors through each model's own loader, into the
+        shadow."""
+        tensors = list(named_tensors)
+        with torch.no_grad():
+            for clone in self._clones:
+                clone.load_weights(iter(tensors))
+        self._check_clones_untouched()
+
+    def check_appliable(self) -> Optional[str]:
+        """Why the apply could not copy every shadow into its live parameter
+        (checked before the first copy), or None."""
+        for live, shadow in self._pairs():
+            if shadow.shape != live.shape or shadow.dtype != live.dtype:
+                return (
+                    f"a staged parameter is {shadow.dtype} {list(shadow.shape)}, "
+                    f"its live one {live.dtype} {list(live.shape)}"
+                )
+        return None
+
+    def apply(self) -> None:
+        """Live = shadow, in place (the live storage keeps its address)."""
+        with torch.no_grad():
+            for live, shadow in self._pairs():
+                live.data.copy_(shadow, non_blocking=True)
+        if any(p.is_cuda for p in self._live):
+            torch.cuda.current_stream().synchronize()
+
+
+def unsupported_post_processing(models: Sequence[torch.nn.Module]) -> Optional[str]:
+    """Why a staged update cannot be loaded like a disk load: a layer whose
+    weights are post-processed after loading (a quantization method's
+    `process_weights_after_loading`, a CPU backend's re-layout) would get the
+    checkpoint's layout. None when every layer loads its weights as they are."""
+    for model in models:
+        for name, module in model.named_modules():
+            method = getattr(module, "quant_method", None)
+            if method is not None and not type(method).__name__.startswith(
+                "Unquantized"
+            ):
+                return (
+                    f"layer {name!r} uses {type(method).__name__}, whose weights "
+                    f"are post-processed after loading; a staged update does not "
+                    f"run that step, so it is refused (use "
+                    f"/update_weights_from_disk for this model)"
+                )
+            if getattr(module, "use_intel_amx_backend", False):
+                return (
+                    f"layer {name!r} keeps its weights re-laid out for the CPU's "
+                    f"AMX kernels; a staged update would load the checkpoint's "
+                    f"layout, so it is refused"
+                )
+    return None
