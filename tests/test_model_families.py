@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from importlib.metadata import version
 from pathlib import Path
@@ -22,11 +21,11 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from harness import cpu_sglang
 from harness.tiny_model import make_tiny_model
-from harness.weights import greedy
+from harness.weights import greedy, perturbed, save_checkpoint
 from rlsync import client
 from rlsync.sender import Engine, WeightSender
 
@@ -81,27 +80,6 @@ def start_family_server() -> Iterator[StartServer]:
     yield start
     for server in started:
         server.stop()
-
-
-def perturbed(weights: Weights, seed: int, scale: float = 0.02) -> Weights:
-    """Every tensor moved by seeded noise (biases and norms too): same names,
-    dtypes and shapes, values different everywhere."""
-    gen = torch.Generator().manual_seed(seed)
-    return [
-        (n, (t.float() + torch.randn(t.shape, generator=gen) * scale).to(t.dtype))
-        for n, t in weights
-    ]
-
-
-def save_checkpoint(src: Path, dest: Path, weights: Weights) -> Path:
-    """`src`'s config and tokenizer files with `weights` as its safetensors."""
-    dest.mkdir(parents=True)
-    for f in src.iterdir():
-        if f.is_file() and f.suffix != ".safetensors" and not f.name.startswith("."):
-            shutil.copy2(f, dest / f.name)
-    tensors = {n: t.contiguous() for n, t in weights}
-    save_file(tensors, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    return dest
 
 
 def prepare_with_a_wrong_expert_shape(

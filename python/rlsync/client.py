@@ -460,20 +460,29 @@ def prepare_weights_update(
     group_name: str = "weight_update_group",
     load_format: Optional[str] = None,
     weight_version: Optional[str] = None,
+    defer_digests: bool = False,
     timeout: float = 120.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
 ) -> PrepareWeightsUpdateResponse:
-    """Answers once the server's receiver runs: broadcast right after."""
+    """Answers once the server's receiver runs: broadcast right after.
+    `defer_digests`: the buckets carry no digest; the server records each
+    bucket's as it lands and `complete_weights_update(digests=...)` brings
+    the sender's."""
     assert buckets, "an update needs at least one bucket"
+    metadata = [
+        b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets
+    ]
+    assert not (
+        defer_digests and any(b.digest for b in metadata)
+    ), "defer_digests: the buckets carry no digest"
     request = PrepareWeightsUpdateRequest(
-        num_buckets=len(buckets),
-        buckets=[
-            b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets
-        ],
+        num_buckets=len(metadata),
+        buckets=metadata,
         group_name=group_name,
         load_format=load_format,
         weight_version=weight_version,
+        defer_digests=defer_digests,
     )
     endpoint = "/prepare_weights_update"
     body = call(
@@ -500,12 +509,15 @@ def complete_weights_update(
     wait_timeout: Optional[float] = None,
     drain: Optional[bool] = None,
     release_staging: bool = False,
+    digests: Optional[Sequence[str]] = None,
     timeout: float = 600.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
 ) -> CompleteWeightsUpdateResponse:
     """Waits (server side, up to `wait_timeout`) for every bucket, verifies,
-    applies unless `apply=False`. A failed complete raises EngineError."""
+    applies unless `apply=False`. `digests`: one per bucket, in bucket order,
+    after a prepare with `defer_digests` (the server applies nothing unless
+    every bucket matches). A failed complete raises EngineError."""
     request = CompleteWeightsUpdateRequest(
         group_name=group_name,
         flush_cache=flush_cache,
@@ -514,6 +526,7 @@ def complete_weights_update(
         timeout=wait_timeout,
         drain=drain,
         release_staging=release_staging,
+        digests=None if digests is None else list(digests),
     )
     endpoint = "/complete_weights_update"
     body = call(

@@ -64,9 +64,12 @@ class PrepareWeightsUpdateRequest:
     group_name: str
     load_format: Optional[str] = None  # None | "flattened_bucket"
     weight_version: Optional[str] = None
+    # The buckets carry no digest: the server records each bucket's digest as
+    # it lands, and the first complete brings the sender's (`digests`).
+    defer_digests: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        body = dict(
+        body: dict[str, Any] = dict(
             num_buckets=self.num_buckets,
             buckets=[b.to_json() for b in self.buckets],
             group_name=self.group_name,
@@ -74,6 +77,8 @@ class PrepareWeightsUpdateRequest:
         )
         if self.weight_version is not None:
             body["weight_version"] = self.weight_version
+        if self.defer_digests:  # omitted by default: older servers see today's body
+            body["defer_digests"] = True
         return body
 
 
@@ -83,6 +88,7 @@ class PrepareWeightsUpdateResponse:
     message: str = ""
     num_bytes: int = 0
     staging_reused: bool = False
+    staging_bytes: Optional[int] = None  # the staging the engine holds for it
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -100,6 +106,9 @@ class CompleteWeightsUpdateRequest:
     # Let in-flight requests finish before applying; None: only with flush_cache
     drain: Optional[bool] = None
     release_staging: bool = False
+    # One "psum61:..." per bucket, in bucket order, after a prepare with
+    # `defer_digests`: nothing applies unless every bucket matches.
+    digests: Optional[list[str]] = None
 
     def to_json(self) -> dict[str, Any]:
         return _drop_none(dataclasses.asdict(self))

@@ -5,43 +5,62 @@ bucket in the flattened layout, and completes every engine in parallel: two
 HTTP calls per engine (three with `atomic=True`, where every engine first
 verifies and only then do all apply). A failure before or during the
 broadcast aborts every engine, so the old weights keep serving everywhere.
+
+`sync_stream()` does the same from specs and a generator of tensors
+(`rlsync.stream`): the buckets are planned from the specs, each tensor is
+pulled only while its bucket is packed, and a bucket is dropped once its
+broadcast has ended, so at most two buckets' tensors are alive at once. Its
+digests follow the bytes: the prepare says `defer_digests` and the first
+complete brings them. `sync()` is the same path over tensors already in
+memory, with the digests sent at prepare.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures as cf
 import logging
 import sys
 import time
+from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
 
 from rlsync import client
-from rlsync.digest import digest_tensors
-from rlsync.protocol import CompleteWeightsUpdateResponse
+from rlsync.digest import digest_bytes, digest_tensors
 from rlsync.group import GroupJoin, leave_update_group
-from rlsync.planner import Bucket, plan_buckets
+from rlsync.planner import Bucket, BucketPlan, SpecLike, TensorSpec, plan_spec_buckets
+from rlsync.protocol import CompleteWeightsUpdateResponse
+from rlsync.stream import (
+    AsyncTensorPull,
+    TensorItem,
+    TensorStream,
+    Weights,
+    named_tensors,
+)
 
 logger = logging.getLogger(__name__)
 
-Weights = Union[
-    torch.nn.Module, Mapping[str, torch.Tensor], Iterable[tuple[str, torch.Tensor]]
+__all__ = [
+    "Engine",
+    "EngineOutcome",
+    "SyncError",
+    "SyncResult",
+    "WeightSender",
+    "Weights",
+    "broadcast_buckets",
+    "broadcast_tensors",
+    "named_tensors",
+    "progress_bar",
+    "stream_buckets",
+    "stream_tensors",
 ]
+
 # progress(buckets_sent, buckets_total, bytes_sent)
 Progress = Callable[[int, int, int], None]
-
-
-def named_tensors(weights: Weights) -> Iterable[tuple[str, torch.Tensor]]:
-    """(name, tensor) pairs of a module's parameters, a state dict or any
-    iterable of pairs; tensors are referenced, never copied."""
-    if isinstance(weights, torch.nn.Module):
-        return weights.named_parameters()
-    if isinstance(weights, Mapping):
-        return weights.items()
-    return weights
 
 
 def progress_bar(desc: str = "rlsync sync") -> Progress:
@@ -140,15 +159,13 @@ class SyncError(RuntimeError):
 
 
 def _flatten(
-    bucket: Bucket, device: Optional[torch.device], pack: str = "copy"
+    tensors: list[torch.Tensor], device: Optional[torch.device], pack: str = "copy"
 ) -> torch.Tensor:
-    """The bucket's bytes back to back (SGLang's FlattenedTensorBucket layout).
+    """The tensors' bytes back to back (SGLang's FlattenedTensorBucket layout).
     "copy" packs with one memcpy per tensor (copy engines on GPU, so the
     packing does not take SMs from the broadcast in flight); "cat" with one
     torch.cat kernel."""
-    parts = [
-        t.detach().contiguous().reshape(-1).view(torch.uint8) for t in bucket.tensors
-    ]
+    parts = [t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors]
     span = _adjacent_span(parts)
     if span is not None and (device is None or span.device == device):
         return span  # already packed in memory (e.g. a trainer's flat buffer)
@@ -157,7 +174,9 @@ def _flatten(
         return flat if device is None else flat.to(device, non_blocking=True)
     assert pack == "copy", f"pack must be 'copy' or 'cat', got {pack!r}"
     flat = torch.empty(
-        bucket.nbytes, dtype=torch.uint8, device=device or parts[0].device
+        sum(p.numel() for p in parts),
+        dtype=torch.uint8,
+        device=device or parts[0].device,
     )
     offset = 0
     for part in parts:
@@ -182,6 +201,82 @@ def _adjacent_span(parts: list[torch.Tensor]) -> Optional[torch.Tensor]:
     return span.set_(storage, start, (end - parts[0].data_ptr(),))
 
 
+def stream_buckets(
+    plans: Sequence[BucketPlan],
+    stream: TensorStream,
+    group: dist.ProcessGroup,
+    device: Optional[torch.device] = None,
+    report: Optional[Progress] = None,
+    pack: str = "copy",
+    digests: bool = False,
+) -> list[str]:
+    """The data path: one broadcast per bucket from rank 0, in the flattened
+    layout. Bucket k+1 is pulled from `stream` and packed while bucket k is on
+    the wire; a bucket's tensors and packed bytes are dropped once its
+    broadcast has ended, so at most two buckets' tensors are alive at once.
+    The stream must end with the last bucket (checked before that bucket is
+    sent). With `digests`, each bucket's digest over the bytes it sends,
+    computed just before sending (else [])."""
+    in_flight = None  # (work, flat): the buffer must live until the work ends
+    sent_digests: list[str] = []
+    sent = 0
+    for i, plan in enumerate(plans):
+        flat = _flatten(stream.pull_bucket(plan), device, pack)
+        if i == len(plans) - 1:
+            stream.finish()
+        if digests:
+            sent_digests.append(digest_bytes(flat))
+        if in_flight is not None:
+            in_flight[0].wait()
+        in_flight = None  # bucket k-1 is dropped here
+        work = dist.broadcast(flat, src=0, group=group, async_op=True)
+        in_flight, flat = (work, flat), None
+        sent += plan.nbytes
+        if report is not None:
+            report(i + 1, len(plans), sent)
+    if in_flight is not None:
+        in_flight[0].wait()
+    return sent_digests
+
+
+def stream_tensors(
+    plans: Sequence[BucketPlan],
+    stream: TensorStream,
+    group: dist.ProcessGroup,
+    device: Optional[torch.device] = None,
+    report: Optional[Progress] = None,
+    digests: bool = False,
+) -> list[str]:
+    """Upstream's per-tensor layout (`load_format` None): one broadcast per
+    tensor, in the metadata's order, a bucket pulled from `stream` at a time.
+    With `digests`, each bucket's digest (else [])."""
+    sent_digests: list[str] = []
+    sent = 0
+    for i, plan in enumerate(plans):
+        tensors = stream.pull_bucket(plan)
+        if i == len(plans) - 1:
+            stream.finish()
+        if digests:
+            sent_digests.append(digest_tensors(tensors))
+        for tensor in tensors:
+            tensor = tensor.detach().contiguous()
+            dist.broadcast(tensor if device is None else tensor.to(device), 0, group)
+        tensors = tensor = None  # dropped before the next bucket is pulled
+        sent += plan.nbytes
+        if report is not None:
+            report(i + 1, len(plans), sent)
+    return sent_digests
+
+
+def _plans_and_stream(buckets: list[Bucket]) -> tuple[list[BucketPlan], TensorStream]:
+    plans = [
+        BucketPlan([TensorSpec.of(n, t) for n, t in zip(b.names, b.tensors)])
+        for b in buckets
+    ]
+    specs = [spec for plan in plans for spec in plan.specs]
+    return plans, TensorStream(specs, (t for b in buckets for t in b.tensors))
+
+
 def broadcast_buckets(
     buckets: list[Bucket],
     group: dist.ProcessGroup,
@@ -189,21 +284,9 @@ def broadcast_buckets(
     report: Optional[Progress] = None,
     pack: str = "copy",
 ) -> None:
-    """The data path: one broadcast per bucket from rank 0, in the flattened
-    layout; bucket k+1 is packed while bucket k is on the wire."""
-    in_flight = None  # (work, flat): the buffer must live until the work ends
-    sent = 0
-    for i, bucket in enumerate(buckets):
-        flat = _flatten(bucket, device, pack)
-        if in_flight is not None:
-            in_flight[0].wait()
-        work = dist.broadcast(flat, src=0, group=group, async_op=True)
-        in_flight = (work, flat)
-        sent += bucket.nbytes
-        if report is not None:
-            report(i + 1, len(buckets), sent)
-    if in_flight is not None:
-        in_flight[0].wait()
+    """`stream_buckets` over buckets already in memory."""
+    plans, stream = _plans_and_stream(buckets)
+    stream_buckets(plans, stream, group, device, report, pack)
 
 
 def broadcast_tensors(
@@ -212,16 +295,9 @@ def broadcast_tensors(
     device: Optional[torch.device] = None,
     report: Optional[Progress] = None,
 ) -> None:
-    """Upstream's per-tensor layout (`load_format` None): one broadcast per
-    tensor, in the metadata's order."""
-    sent = 0
-    for i, bucket in enumerate(buckets):
-        for tensor in bucket.tensors:
-            tensor = tensor.detach().contiguous()
-            dist.broadcast(tensor if device is None else tensor.to(device), 0, group)
-        sent += bucket.nbytes
-        if report is not None:
-            report(i + 1, len(buckets), sent)
+    """`stream_tensors` over buckets already in memory."""
+    plans, stream = _plans_and_stream(buckets)
+    stream_tensors(plans, stream, group, device, report)
 
 
 REQUIRED_FEATURES = ("two_phase_weight_update",)
@@ -402,19 +478,137 @@ class WeightSender:
         computed under the old weights (default: apply in place).
         `apply=False`: every engine receives and verifies, keeps serving the
         old weights, and keeps its session open for a later
-        `client.complete_weights_update` (apply) or `abort_weights_update`."""
+        `client.complete_weights_update` (apply) or `abort_weights_update`.
+        The tensors are in memory already, so their digests go with the
+        prepare (every series' servers take them there)."""
+        pairs = list(named_tensors(weights))
+        plans = plan_spec_buckets(
+            [TensorSpec.of(name, t) for name, t in pairs], self.bucket_bytes
+        )
+        digests = None
+        if self.digests:
+            tensors = iter(t for _, t in pairs)
+            digests = [
+                digest_tensors([next(tensors) for _ in plan.specs]) for plan in plans
+            ]
+        return self._sync(
+            plans,
+            pairs,
+            digests,
+            weight_version=weight_version,
+            atomic=atomic,
+            progress=progress,
+            flush_cache=flush_cache,
+            apply=apply,
+        )
+
+    def sync_stream(
+        self,
+        specs: Iterable[SpecLike],
+        tensors: Iterable[TensorItem],
+        weight_version: Optional[str] = None,
+        atomic: bool = False,
+        progress: Union[bool, Progress] = False,
+        flush_cache: bool = False,
+        apply: bool = True,
+    ) -> SyncResult:
+        """`sync` with bounded memory: `specs` (TensorSpecs or `(name, dtype,
+        shape)` tuples) describe every tensor up front, and `tensors` (an
+        iterable, typically a generator) yields them, or `(name, tensor)`
+        pairs, in exactly that order. Every engine is prepared from the specs;
+        each tensor is pulled only while its bucket is packed and checked
+        against its spec, and a bucket is dropped once its broadcast has
+        ended: at most two buckets' tensors are alive at once. A tensor that
+        disagrees with its spec, a stream that ends early or yields too many,
+        or an exception raised by the generator aborts every engine and
+        raises SyncError("broadcast", ...) naming it (chained to it). With
+        digests on, the prepare says `defer_digests` and the first complete
+        brings each bucket's digest, computed just before it was sent.
+        Other arguments as for `sync`."""
+        return self._sync(
+            plan_spec_buckets(specs, self.bucket_bytes),
+            tensors,
+            None,
+            weight_version=weight_version,
+            atomic=atomic,
+            progress=progress,
+            flush_cache=flush_cache,
+            apply=apply,
+        )
+
+    async def sync_async(
+        self,
+        weights: Weights,
+        weight_version: Optional[str] = None,
+        atomic: bool = False,
+        progress: Union[bool, Progress] = False,
+        flush_cache: bool = False,
+        apply: bool = True,
+    ) -> SyncResult:
+        """`sync` in a worker thread: the event loop keeps running meanwhile."""
+        return await asyncio.to_thread(
+            self.sync, weights, weight_version, atomic, progress, flush_cache, apply
+        )
+
+    async def sync_stream_async(
+        self,
+        specs: Iterable[SpecLike],
+        tensors: Union[Iterable[TensorItem], AsyncIterable[TensorItem]],
+        weight_version: Optional[str] = None,
+        atomic: bool = False,
+        progress: Union[bool, Progress] = False,
+        flush_cache: bool = False,
+        apply: bool = True,
+    ) -> SyncResult:
+        """`sync_stream` in a worker thread: the event loop keeps running
+        meanwhile. `tensors` may be an async iterator (an `async def`
+        generator): each item is pulled on this loop when the sending thread
+        asks for it, one at a time (`AsyncTensorPull`), so the two-bucket
+        bound holds as for a plain generator."""
+        if isinstance(tensors, AsyncIterable):
+            tensors = AsyncTensorPull(tensors, asyncio.get_running_loop())
+        return await asyncio.to_thread(
+            self.sync_stream,
+            specs,
+            tensors,
+            weight_version,
+            atomic,
+            progress,
+            flush_cache,
+            apply,
+        )
+
+    def _sync(
+        self,
+        plans: list[BucketPlan],
+        tensors: Iterable[TensorItem],
+        prepare_digests: Optional[list[str]],
+        *,
+        weight_version: Optional[str],
+        atomic: bool,
+        progress: Union[bool, Progress],
+        flush_cache: bool,
+        apply: bool,
+    ) -> SyncResult:
+        """Every sync: prepare, broadcast (pulling `tensors` as the buckets
+        are packed), verify, apply. `prepare_digests`: one per bucket, sent
+        with the prepare; None with digests on defers them to the first
+        complete."""
         assert self.group is not None, "call connect() first"
+        assert plans, "nothing to send"
         report = progress_bar() if progress is True else (progress or None)
-        buckets = plan_buckets(named_tensors(weights), self.bucket_bytes)
-        assert buckets, "nothing to send"
+        defer_digests = self.digests and prepare_digests is None
         meta = [
-            b.metadata(digest_tensors(b.tensors) if self.digests else None)
-            for b in buckets
+            plan.metadata(None if prepare_digests is None else prepare_digests[i])
+            for i, plan in enumerate(plans)
         ]
-        total = sum(b.nbytes for b in buckets)
+        total = sum(plan.nbytes for plan in plans)
         t0 = time.perf_counter()
         calls = 0
 
+        # Passed only when set: a sync with prepare-time digests makes the
+        # same client calls as before.
+        defer = {"defer_digests": True} if defer_digests else {}
         prepared = self._each(
             lambda e: client.prepare_weights_update(
                 e.url,
@@ -422,6 +616,7 @@ class WeightSender:
                 group_name=self.group_name,
                 load_format=self.load_format,
                 weight_version=weight_version,
+                **defer,
                 **e.keys,
             )
         )
@@ -436,7 +631,10 @@ class WeightSender:
                 + (f" (others aborted: {'; '.join(notes) or 'ok'})"),
             )
         try:
-            self._broadcast(buckets, report)
+            specs = [spec for plan in plans for spec in plan.specs]
+            sent_digests = self._broadcast(
+                plans, TensorStream(specs, tensors), report, defer_digests
+            )
         except BaseException as exc:
             notes = self._abort_all()
             raise SyncError(
@@ -444,6 +642,8 @@ class WeightSender:
                 f"{type(exc).__name__}: {exc}; every engine aborted "
                 f"({'; '.join(notes) or 'groups usable'})",
             ) from exc
+        # The first complete brings the deferred digests.
+        digests: dict[str, Any] = {"digests": sent_digests} if defer_digests else {}
 
         outcomes: dict[str, EngineOutcome] = {}
         if atomic and apply:
@@ -452,10 +652,12 @@ class WeightSender:
                     e.url,
                     group_name=self.group_name,
                     apply=False,
+                    **digests,
                     **self._complete_timeouts,
                     **e.keys,
                 )
             )
+            digests = {}
             calls += len(self.engines)
             bad = [(e, r) for e, r in verified if isinstance(r, Exception)]
             if bad:
@@ -474,6 +676,7 @@ class WeightSender:
                 weight_version=weight_version,
                 flush_cache=flush_cache,
                 apply=apply,
+                **digests,
                 **self._complete_timeouts,
                 **e.keys,
             )
@@ -493,7 +696,7 @@ class WeightSender:
                 )
         result = SyncResult(
             bytes=total,
-            buckets=len(buckets),
+            buckets=len(plans),
             seconds=time.perf_counter() - t0,
             http_calls=calls,
             weight_version=weight_version,
@@ -503,7 +706,7 @@ class WeightSender:
             "rlsync sync: %d bytes, %d buckets, %d HTTP calls, %.3f s, %.2f GB/s, "
             "applied on %d/%d engines",
             total,
-            len(buckets),
+            len(plans),
             calls,
             result.seconds,
             result.gbps,
@@ -518,11 +721,19 @@ class WeightSender:
         in-flight requests) no longer than this sender's timeout."""
         return {"wait_timeout": self.timeout, "timeout": self.timeout + 60}
 
-    def _broadcast(self, buckets: list[Bucket], report: Optional[Progress]) -> None:
+    def _broadcast(
+        self,
+        plans: list[BucketPlan],
+        stream: TensorStream,
+        report: Optional[Progress],
+        digests: bool,
+    ) -> list[str]:
+        assert self.group is not None, "call connect() first"
         if self.load_format == FLATTENED:
-            broadcast_buckets(buckets, self.group, self.device, report)
-        else:
-            broadcast_tensors(buckets, self.group, self.device, report)
+            return stream_buckets(
+                plans, stream, self.group, self.device, report, digests=digests
+            )
+        return stream_tensors(plans, stream, self.group, self.device, report, digests)
 
     def close(self) -> None:
         for engine, _ in self._each(
