@@ -214,6 +214,7 @@ def run(rank: int, args, result_path: str) -> None:
     # --- ours: WeightSender's data path -> StagedWeightReceiver ----------------
     pool = sr.StagingPool(torch.device("cuda", rank)) if rank == 1 else None
     target = dict(params)
+    staged_copy = {name: torch.empty_like(t) for name, t in params} if rank == 1 else {}
 
     def ours_for(
         buckets,
@@ -258,8 +259,16 @@ def run(rank: int, args, result_path: str) -> None:
             rx.synchronize()
             assert rx.complete and not rx.verify(), (rx.error, rx.verify())
 
+        def stage(named):
+            # The shard staging's sink: each bucket into the staged copy.
+            with torch.no_grad():
+                for name, tensor in named:
+                    staged_copy[name].copy_(tensor)
+
         def start():
-            once.rx = sr.StagedWeightReceiver(specs, world, pool, "flattened_bucket")
+            once.rx = sr.StagedWeightReceiver(
+                specs, world, pool, "flattened_bucket", sink=stage
+            )
             once.rx.start()
 
         staged = rank == 1 and prepacked is None
@@ -273,7 +282,7 @@ def run(rank: int, args, result_path: str) -> None:
 
             def apply():
                 with torch.no_grad():
-                    for name, tensor in rx.named_tensors():
+                    for name, tensor in staged_copy.items():
                         target[name].copy_(tensor)
 
             if apply_times is not None:

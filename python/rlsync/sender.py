@@ -301,6 +301,8 @@ def broadcast_tensors(
 
 
 REQUIRED_FEATURES = ("two_phase_weight_update",)
+# What a streamed sync needs of every engine: digests sent with complete.
+STREAMING_FEATURE = "shard_staging"
 FLATTENED = "flattened_bucket"
 # Seconds connect() waits for the trainer's torn-down join before it raises.
 JOIN_GRACE = 10.0
@@ -337,6 +339,8 @@ class WeightSender:
         self.load_format = load_format
         self.world_size = 1 + sum(e.ranks for e in engines)
         self.group: Optional[dist.ProcessGroup] = None
+        # Each engine's /rlsync_info features, read by connect().
+        self.features: dict[str, list[str]] = {}
         self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(engines)))
 
     def _each(self, fn, engines=None) -> list[tuple[Engine, object]]:
@@ -363,6 +367,7 @@ class WeightSender:
         ):
             if isinstance(res, Exception):
                 raise SyncError("connect", str(res))
+            self.features[engine.url] = list(res.get("features", []))
         for engine, res in self._each(
             lambda e: client.update_group_ranks(e.url, api_key=e.api_key)
         ):
@@ -598,6 +603,8 @@ class WeightSender:
         assert plans, "nothing to send"
         report = progress_bar() if progress is True else (progress or None)
         defer_digests = self.digests and prepare_digests is None
+        if defer_digests:
+            self._require_streaming()
         meta = [
             plan.metadata(None if prepare_digests is None else prepare_digests[i])
             for i, plan in enumerate(plans)
@@ -714,6 +721,21 @@ class WeightSender:
             len(self.engines),
         )
         return result
+
+    def _require_streaming(self) -> None:
+        """An engine of an older series takes digests with prepare only."""
+        older = [
+            url
+            for url, features in self.features.items()
+            if STREAMING_FEATURE not in features
+        ]
+        if older:
+            raise SyncError(
+                "prepare",
+                f"{', '.join(older)}: the server's rlsync series has no "
+                f"{STREAMING_FEATURE} (digests sent with complete); upgrade it, "
+                f"or use sync() or WeightSender(digests=False)",
+            )
 
     @property
     def _complete_timeouts(self) -> dict[str, float]:

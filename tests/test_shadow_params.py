@@ -1,0 +1,155 @@
+"""The staged copy of a rank's parameters (weight_sync/shadow_params.py),
+with torch modules whose loaders behave as SGLang's do: written in place
+through each parameter's own `weight_loader`, tied weights shared.
+
+The module is loaded by file path from common/ (it imports only torch); the
+real models' loaders are exercised on real servers by test_shard_staging.py
+and test_model_families.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = ROOT / "common/python/sglang/srt/weight_sync/shadow_params.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("shadow_params_source", SOURCE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+shadow_params = _load()
+
+
+class Linear(torch.nn.Module):
+    def __init__(self, rows: int, cols: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(rows, cols), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+
+    def weight_loader(self, param, loaded, shard=None):
+        # Like a fused layer's loader: a shard writes its rows only.
+        target = param.data if shard is None else param.data[shard * 2 : shard * 2 + 2]
+        target.copy_(loaded)
+
+
+class TinyLM(torch.nn.Module):
+    """Embedding tied to the head, and a fused projection of two shards."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = Linear(8, 4)
+        self.fused = Linear(4, 4)
+        self.head = self.embed  # tied: the same module
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            if name.startswith("part"):
+                param = params["fused.weight"]
+                param.weight_loader(param, tensor, int(name[-1]))
+            else:
+                param = params[name]
+                param.weight_loader(param, tensor)
+
+
+def live_bytes(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_the_loader_writes_the_copy_and_apply_copies_it_in_place():
+    torch.manual_seed(0)
+    model = TinyLM()
+    before = live_bytes(model)
+    addresses = {n: p.data_ptr() for n, p in model.named_parameters()}
+    shadow = shadow_params.ShadowParameters([model])
+    assert shadow.nbytes == (8 * 4 + 4 * 4) * 4, "the tied weight counts once"
+
+    shadow.begin()
+    new_embed, new_part = torch.ones(8, 4), torch.full((2, 4), 7.0)
+    shadow.load(iter([("embed.weight", new_embed)]))
+    shadow.load(iter([("part1", new_part)]))
+    for name, tensor in model.named_parameters():
+        assert torch.equal(tensor, before[name]), f"{name} changed before the apply"
+
+    assert shadow.check_appliable() is None
+    shadow.apply()
+    assert torch.equal(model.embed.weight, new_embed)
+    assert model.head.weight is model.embed.weight, "still tied"
+    assert torch.equal(model.fused.weight[2:4], new_part)
+    assert torch.equal(
+        model.fused.weight[0:2], before["fused.weight"][0:2]
+    ), "the shard the update did not name keeps its bytes"
+    assert {n: p.data_ptr() for n, p in model.named_parameters()} == addresses
+
+
+def test_each_update_starts_from_the_live_weights():
+    """A partial update after another path changed the live weights keeps
+    those changes for everything it does not name."""
+    model = TinyLM()
+    shadow = shadow_params.ShadowParameters([model])
+    with torch.no_grad():
+        model.fused.weight.fill_(3.0)  # e.g. a disk load in between
+    shadow.begin()
+    shadow.load(iter([("part0", torch.zeros(2, 4))]))
+    shadow.apply()
+    assert torch.equal(model.fused.weight[2:4], torch.full((2, 4), 3.0))
+    assert torch.equal(model.fused.weight[0:2], torch.zeros(2, 4))
+
+
+class Replacing(TinyLM):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def load_weights(self, weights):
+        for _, tensor in weights:
+            if self.how == "parameter":
+                self.fused.weight = torch.nn.Parameter(tensor.clone())
+            elif self.how == "attribute":
+                self.fused.derived = tensor.t().contiguous()
+            else:
+                self.fused.weight.data = tensor.clone()
+
+
+@pytest.mark.parametrize(
+    "how,named",
+    [
+        ("parameter", "replaced parameter .weight. of Linear"),
+        ("attribute", "set attribute 'derived' of Linear"),
+        ("storage", "replaced a parameter's storage"),
+    ],
+)
+def test_a_loader_that_replaces_instead_of_writing_is_refused(how, named):
+    model = Replacing(how)
+    before = live_bytes(model)
+    shadow = shadow_params.ShadowParameters([model])
+    shadow.begin()
+    with pytest.raises(shadow_params.ShadowLoadError, match=named):
+        shadow.load(iter([("fused.weight", torch.zeros(4, 4))]))
+    for name, tensor in model.named_parameters():
+        assert torch.equal(tensor, before[name])
+    assert "derived" not in model.fused.__dict__
+
+
+def test_layers_post_processed_after_loading_are_named():
+    class Fp8LinearMethod:
+        pass
+
+    class UnquantizedLinearMethod:
+        pass
+
+    model = TinyLM()
+    model.fused.quant_method = UnquantizedLinearMethod()
+    assert shadow_params.unsupported_post_processing([model]) is None
+    model.fused.quant_method = Fp8LinearMethod()
+    message = shadow_params.unsupported_post_processing([model])
+    assert "'fused'" in message and "Fp8LinearMethod" in message
