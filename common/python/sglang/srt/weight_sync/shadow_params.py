@@ -69,7 +69,12 @@ def _shadow_of(live: torch.nn.Parameter, placement: str) -> torch.nn.Parameter:
     return shadow
 
 
-_TREE_SLOTS = ("_parameters", "_buffers", "_modules")
+# A module's tree slots, and what each holds.
+_TREE_SLOTS = {
+    "_parameters": "parameter",
+    "_buffers": "buffer",
+    "_modules": "submodule",
+}
 
 
 class ShadowParameters:
@@ -129,7 +134,11 @@ class ShadowParameters:
                 name: None if child is None else clone(child)
                 for name, child in module._modules.items()
             }
-            self._cloned.append((module, copy, dict(copy.__dict__)))
+            cloned = {
+                key: dict(value) if key in _TREE_SLOTS else value
+                for key, value in copy.__dict__.items()
+            }
+            self._cloned.append((module, copy, cloned))
             return copy
 
         return clone(model)
@@ -141,18 +150,18 @@ class ShadowParameters:
             where = type(live).__name__
             for key in cloned.keys() | copy.__dict__.keys():
                 if key in _TREE_SLOTS:
-                    slot, was = copy.__dict__.get(key), cloned.get(key)
-                    if slot is not was or any(
-                        slot[name] is not value for name, value in was.items()
-                    ):
+                    kind = _TREE_SLOTS[key]
+                    slot, was = copy.__dict__.get(key, {}), cloned.get(key, {})
+                    for name, value in was.items():
+                        if slot.get(name) is not value:
+                            raise ShadowLoadError(
+                                f"the model's loader replaced {kind} {name!r} of "
+                                f"{where} instead of writing into it; a staged "
+                                f"update cannot apply that"
+                            )
+                    for name in slot.keys() - was.keys():
                         raise ShadowLoadError(
-                            f"the model's loader replaced {key[1:-1]} of {where} "
-                            f"instead of writing into them; a staged update "
-                            f"cannot apply that"
-                        )
-                    if slot.keys() != was.keys():
-                        raise ShadowLoadError(
-                            f"the model's loader added {key[1:-1]} to {where}"
+                            f"the model's loader added {kind} {name!r} to {where}"
                         )
                 elif copy.__dict__.get(key) is not cloned.get(key):
                     raise ShadowLoadError(
