@@ -27,7 +27,8 @@ PYTEST_ARGS ?=
 PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent")
 
 .PHONY: help upstream worktree patches overlay check apply revert pr-branch \
-        venv wheel install test test-pin demo rl-demo soak format clean bench-cpu
+        venv wheel install test test-pin demo rl-demo soak format clean bench-cpu \
+        bench-memory
 
 help:
 	@echo "make test                       every pin: venv + wheels + the whole suite (real SGLang on CPU)"
@@ -53,6 +54,8 @@ help:
 	@echo "make overlay                    regenerate pins/<pin>/overlay and common/ from pristine + series"
 	@echo "make wheel                      the forked wheel ($(WHEEL)) and the library's"
 	@echo "make bench-cpu                  CPU benchmark: raw vs upstream vs two-phase (bench/results/)"
+	@echo "make bench-memory               staging per rank and on the trainer, and time vs the series"
+	@echo "                                without shard staging, TP 1 + TP 2 (bench/results/memory-<pin>-<date>.json)"
 
 upstream worktree patches overlay:
 	@$(DEVTOOLS) --pin $(P) $@
@@ -120,3 +123,14 @@ soak: install
 
 bench-cpu: install
 	@$(VENV_PY) bench/cpu_sync.py
+
+# Today = the pin's series without the shard staging: its worktree at the
+# parent of that patch's commit, in build/<pin>/today.
+SHARD_STAGING_SUBJECT := ^weight sync: each rank stages only its own shard
+bench-memory: install worktree
+	@rm -rf build/$(P)/today && git -C build/$(P)/work worktree prune
+	@git -C build/$(P)/work worktree add --quiet --detach $(CURDIR)/build/$(P)/today \
+	  "$$(git -C build/$(P)/work log -1 --format=%H --grep='$(SHARD_STAGING_SUBJECT)')~1"
+	@grep -v '"shard_staging",' build/$(P)/work/python/sglang/srt/weight_sync/_series.py \
+	  > build/$(P)/today/python/sglang/srt/weight_sync/_series.py
+	@$(VENV_PY) bench/memory.py --today-tree build/$(P)/today/python
