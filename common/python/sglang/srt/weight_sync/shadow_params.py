@@ -184,6 +184,9 @@ class ShadowParameters:
         with torch.no_grad():
             for live, shadow in self._pairs():
                 shadow.copy_(live.data, non_blocking=True)
+        if self.placement == "host" and any(p.is_cuda for p in self._live):
+            # The loader may touch the host copy on the CPU: the copies first.
+            torch.cuda.current_stream().synchronize()
         self._cloned = []
         self._clones = [self._clone_tree(model) for model in self._models]
 
