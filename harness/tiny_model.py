@@ -1,6 +1,7 @@
 """Tiny models and a tokenizer generated locally with a fixed seed (no download).
 
-`family` picks the architecture: "llama" (the default), "qwen2" (attention
+`family` picks the architecture: "llama" (the default; "llama_tied" with the
+output head tied to the embeddings, one tensor for both), "qwen2" (attention
 biases, untied embeddings), and the mixtures of experts "qwen2_moe" (experts,
 a gated shared expert and attention biases), "qwen3_moe" (experts, q/k norms)
 and "mixtral" (experts). Checkpoints hold one tensor per expert, as published
@@ -24,7 +25,7 @@ SIZES = {
     "bench": dict(hidden_size=1536, intermediate_size=4608, num_hidden_layers=12),
 }
 VOCAB = ["<unk>", "<s>", "</s>"] + list(string.printable[:95])
-FAMILIES = ("llama", "qwen2", "qwen2_moe", "qwen3_moe", "mixtral")
+FAMILIES = ("llama", "llama_tied", "qwen2", "qwen2_moe", "qwen3_moe", "mixtral")
 MOE_FAMILIES = ("qwen2_moe", "qwen3_moe", "mixtral")
 NUM_EXPERTS = 4
 EXPERTS_PER_TOKEN = 2
@@ -33,6 +34,8 @@ EXPERTS_PER_TOKEN = 2
 def _family_fields(family: str, dims: dict[str, int], heads: int) -> dict[str, Any]:
     """What a family adds to (or changes in) the common configuration."""
     hidden, inter = dims["hidden_size"], dims["intermediate_size"]
+    if family == "llama_tied":
+        return dict(tie_word_embeddings=True)
     if family == "qwen2":
         # Qwen2 always has q/k/v biases; its embeddings stay untied here.
         return dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2")
@@ -96,7 +99,7 @@ def model_config(size: str, family: str = "llama") -> dict[str, Any]:
 def _build_model(config: dict[str, Any], family: str) -> Any:
     import transformers
 
-    if family == "llama":
+    if family in ("llama", "llama_tied"):
         return transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
     fields = {k: v for k, v in config.items() if k != "model_type"}
     hf_config = transformers.AutoConfig.for_model(config["model_type"], **fields)

@@ -43,13 +43,15 @@ def _served_release() -> tuple[int, ...]:
     return tuple(int(p) for p in version("sglang").split("+")[0].split(".")[:3])
 
 
-# (family, TP size): attention biases and untied embeddings (qwen2); experts
+# (family, TP size): the output head tied to the vocabulary-parallel
+# embeddings (llama_tied, one shared tensor on each rank); attention biases
+# and untied embeddings (qwen2); experts
 # stacked by the loader, a gated shared expert and attention biases
 # (qwen2_moe), whose experts are also sharded across TP ranks at TP 2. Later
 # releases run qwen2_moe's shared-expert gate as a Triton kernel with no CPU
 # path, so there the mixture of experts is qwen3_moe (experts and QK norms).
 MOE = "qwen2_moe" if _served_release() <= (0, 5, 10) else "qwen3_moe"
-CASES = [("qwen2", 1), (MOE, 1), (MOE, 2)]
+CASES = [("llama_tied", 2), ("qwen2", 1), (MOE, 1), (MOE, 2)]
 MORE_CASES = [
     ("qwen2", 2),
     *[
@@ -155,7 +157,9 @@ def test_two_phase_sync_equals_upstream_disk_load(
     oracle = state(url)
 
     assert two_phase[0] != served[0], "the new weights differ from the original"
-    assert two_phase[1] != served[1], "the greedy output changes with them"
+    if len(set(served[1])) > 1:
+        # (The tiny tied Llama repeats one token whatever its weights.)
+        assert two_phase[1] != served[1], "the greedy output changes with them"
     assert two_phase[0] == oracle[0], (
         f"{family} at TP {tp}: checksum after the two-phase sync {two_phase[0]} "
         f"!= after upstream's disk load {oracle[0]}"
