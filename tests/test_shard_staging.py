@@ -256,3 +256,44 @@ def test_a_generator_that_dies_mid_stream_leaves_the_old_weights(
     with pytest.raises(SyncError, match="trainer rank lost"):
         sender.sync_stream(specs_of(new), dies_halfway())
     assert checksum(url) == served
+
+
+def test_other_weight_writes_wait_for_an_open_session(
+    budget_server, sender, demo_model, original, tmp_path
+):
+    """The apply copies the weights as they were at prepare with the update
+    written in: a disk load in between is refused (it would be undone), and
+    digests sent again after the verify must be the ones verified."""
+    url, group = budget_server.url, sender.group_name
+    served = checksum(url)
+    name = "model.layers.0.self_attn.k_proj.weight"
+    tensor = dict(original)[name]
+    new_k = (tensor.float() - 0.05).to(tensor.dtype)
+    other = save_checkpoint(demo_model, tmp_path / "other", perturbed(original, 5))
+    result = sender.sync_stream(
+        [(name, tensor.dtype, tensor.shape)], iter([new_k]), apply=False
+    )
+    assert result.verified, result.engines
+
+    refused = requests.post(
+        url + "/update_weights_from_disk", json={"model_path": str(other)}, timeout=120
+    )
+    assert refused.status_code == 400, refused.text
+    assert f"session is open on group '{group}'" in refused.json()["message"]
+    assert checksum(url) == served
+
+    wrong = requests.post(
+        url + "/complete_weights_update",
+        json={
+            "group_name": group,
+            "digests": ["psum61:0000000000000001:0000000000000001"],
+        },
+        timeout=120,
+    )
+    assert wrong.status_code == 400, wrong.text
+    assert "is not the digest bucket 0 was verified with" in wrong.json()["message"]
+    assert client.complete_weights_update(url, group_name=group).applied
+    replaced = [(n, new_k if n == name else t) for n, t in original]
+    assert checksum(url) == disk_load(url, demo_model, tmp_path / "k0", replaced)
+    client.update_weights_from_disk(url, str(demo_model))
+    assert checksum(url) == served

@@ -184,36 +184,49 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     def _staging_placement(self: Scheduler) -> str:
         return getattr(self.server_args, "weight_update_staging", "device")
 
-    def _staging_bytes(self: Scheduler, buckets: List) -> int:
-        """What this rank stages for the update: a shadow of its parameters
-        and its bucket buffers."""
-        return parameter_bytes(self._staged_models()) + ring_bytes(buckets)
-
-    def _check_staging_budget(self: Scheduler, staging_bytes: int) -> None:
+    def _check_staging_budget(
+        self: Scheduler, copy_bytes: int, buffer_bytes: int
+    ) -> None:
         """413 naming this rank and the bytes it needs: past
         --weight-update-staging-budget-mb, or by default past the memory free
-        where staging lives (plus the staging already held for reuse)."""
+        where each part lives (plus what is already held for reuse): the copy
+        of the rank's parameters (device or host memory) and the bucket
+        buffers (device memory)."""
+        need = copy_bytes + buffer_bytes
         budget_mb = self.server_args.weight_update_staging_budget_mb
         placement = self._staging_placement()
+        device = self.tp_worker.model_runner.device
+        held_copy = self._two_phase_shadow.nbytes if self._two_phase_shadow else 0
+        held_buffers = (
+            0 if self._two_phase_pool is None else self._two_phase_pool.nbytes
+        )
         if budget_mb is not None:
-            limit = budget_mb * 2**20
-            what = f"the --weight-update-staging-budget-mb of {budget_mb} MiB"
+            budget = f"the --weight-update-staging-budget-mb of {budget_mb} MiB"
+            parts = [(need, budget_mb * 2**20, budget)]
+        elif placement == "host":
+            parts = [
+                (copy_bytes, _free_memory("cpu") + held_copy, "host memory free"),
+                (
+                    buffer_bytes,
+                    _free_memory(device) + held_buffers,
+                    "device memory free",
+                ),
+            ]
         else:
-            held = 0 if self._two_phase_pool is None else self._two_phase_pool.nbytes
-            if self._two_phase_shadow is not None:
-                held += self._two_phase_shadow.nbytes
-            device = self.tp_worker.model_runner.device
-            free = _free_memory("cpu" if placement == "host" else device)
-            limit = free + held
-            what = f"the {limit / 2**20:.0f} MiB free in {placement} memory now"
-        if staging_bytes > limit:
-            raise WeightsUpdateError(
-                f"buckets: staging needs {staging_bytes / 2**20:.1f} MiB on TP "
-                f"rank {self.tp_rank} (a copy of its parameters and "
-                f"{RING_BUCKETS} bucket buffers), more than "
-                f"{what}",
-                status_code=413,
-            )
+            free = _free_memory(device) + held_copy + held_buffers
+            parts = [(need, free, "device memory free")]
+        for wanted, limit, what in parts:
+            if wanted > limit:
+                if not what.startswith("the "):
+                    what = f"the {limit:.0f} bytes of {what}"
+                raise WeightsUpdateError(
+                    f"buckets: staging needs {need} bytes ({need / 2**20:.1f} MiB) "
+                    f"on TP rank {self.tp_rank}: a copy of its parameters "
+                    f"({copy_bytes} bytes, {placement} memory) and {RING_BUCKETS} "
+                    f"bucket buffers ({buffer_bytes} bytes); {wanted} bytes is "
+                    f"more than {what}",
+                    status_code=413,
+                )
 
     def _shadow_for_update(self: Scheduler) -> ShadowParameters:
         """The shadow of this rank's parameters, kept between updates."""
@@ -257,8 +270,10 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             unsupported = unsupported_post_processing(self._staged_models())
             if unsupported:
                 raise WeightsUpdateError(f"buckets: {unsupported}")
-            staging_bytes = self._staging_bytes(buckets)
-            self._check_staging_budget(staging_bytes)
+            copy_bytes = parameter_bytes(self._staged_models())
+            buffer_bytes = ring_bytes(buckets)
+            self._check_staging_budget(copy_bytes, buffer_bytes)
+            staging_bytes = copy_bytes + buffer_bytes
             _check_loadable(
                 model_runner.model, self.server_args.model_path, self.tp_size, buckets
             )
@@ -377,6 +392,11 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             digests_error = _check_complete_digests(
                 recv_req.digests, receiver.buckets, receiver.defer_digests
             )
+        elif recv_req.digests is not None:
+            # Verified already: digests sent again must be the same ones.
+            digests_error = _check_complete_digests(
+                recv_req.digests, receiver.buckets, receiver.defer_digests
+            ) or _digests_disagree(recv_req.digests, receiver)
         if digests_error is not None:
             # A malformed request: the session stays open for a good one.
             local = {"success": False, "timed_out": True, "message": digests_error}
@@ -588,6 +608,21 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             f"'{group_name}'; complete or abort it before {operation}"
         )
 
+    def two_phase_session_holds_weights(
+        self: Scheduler, operation: str
+    ) -> Optional[str]:
+        """Why `operation`, which writes the served weights, may not run now:
+        an open session's apply copies the weights as they were at its
+        prepare, with the update written in, so a write in between would be
+        undone."""
+        session = self._two_phase_session
+        if session is None:
+            return None
+        return (
+            f"a weight update session is open on group '{session.group_name}' and "
+            f"its apply would undo {operation}; complete or abort it first"
+        )
+
     def abort_two_phase_session_on_group(
         self: Scheduler, group_name: str
     ) -> Optional[str]:
@@ -683,6 +718,19 @@ def _check_complete_digests(
             check_digest_format(digest, f"digests[{i}]")
     except WeightsUpdateError as e:
         return str(e)
+    return None
+
+
+def _digests_disagree(
+    digests: List[str], receiver: StagedWeightReceiver
+) -> Optional[str]:
+    for bucket, digest in zip(receiver.buckets, digests):
+        landed = receiver.landed_digests.get(bucket.index)
+        if landed is not None and landed != digest:
+            return (
+                f"digests[{bucket.index}]: {digest} is not the digest bucket "
+                f"{bucket.index} was verified with ({landed}); nothing applied"
+            )
     return None
 
 

@@ -57,6 +57,9 @@ class SchedulerUpdateWeightsMixin:
         self: Scheduler, recv_req: UpdateWeightFromDiskReqInput
     ):
         """In-place update of the weights from disk."""
+        held = self.two_phase_session_holds_weights("a load from disk")
+        if held:
+            return UpdateWeightFromDiskReqOutput(False, held, 0)
         success, message = self.tp_worker.update_weights_from_disk(recv_req)
         if success:
             if recv_req.flush_cache:
@@ -106,7 +109,7 @@ class SchedulerUpdateWeightsMixin:
         """Update the online model parameter."""
         conflict = self.two_phase_session_conflict(
             recv_req.group_name, "another update on it"
-        )
+        ) or self.two_phase_session_holds_weights("an update from a group")
         if conflict:
             return UpdateWeightsFromDistributedReqOutput(False, conflict)
         success, message = self.tp_worker.update_weights_from_distributed(recv_req)
@@ -124,6 +127,9 @@ class SchedulerUpdateWeightsMixin:
         self: Scheduler, recv_req: UpdateWeightsFromTensorReqInput
     ):
         """Update the online model parameter from tensors."""
+        held = self.two_phase_session_holds_weights("an update from tensors")
+        if held:
+            return UpdateWeightsFromTensorReqOutput(False, held)
         if recv_req.disable_draft_model:
             worker = self.tp_worker
         else:
@@ -144,6 +150,9 @@ class SchedulerUpdateWeightsMixin:
         self: Scheduler, recv_req: UpdateWeightsFromIPCReqInput
     ):
         """Update the online model parameter from IPC for checkpoint-engine integration."""
+        held = self.two_phase_session_holds_weights("an update from IPC")
+        if held:
+            return UpdateWeightsFromIPCReqOutput(False, held)
         success, message = self.tp_worker.update_weights_from_ipc(recv_req)
         if success:
             if recv_req.flush_cache:

@@ -137,6 +137,11 @@ class SchedulerWeightUpdaterManager:
 
     def update_weights_from_disk(self, recv_req: UpdateWeightFromDiskReqInput):
         """In-place update of the weights from disk."""
+        held = self._two_phase_holds_weights("a load from disk")
+        if held:
+            return UpdateWeightFromDiskReqOutput(
+                success=False, message=held, num_paused_requests=0
+            )
         with self._observe_weight_load("disk"):
             success, message = True, "Succeeded to update model weights."
             target_updated = False
@@ -200,6 +205,11 @@ class SchedulerWeightUpdaterManager:
             return None
         return self.scheduler.two_phase_session_conflict(group_name, operation)
 
+    def _two_phase_holds_weights(self, operation: str) -> Optional[str]:
+        if self.scheduler is None:
+            return None
+        return self.scheduler.two_phase_session_holds_weights(operation)
+
     def _select_runners(self, selector: str = "all") -> List[Tuple[str, Any]]:
         roles = _parse_runner_selector(selector)
         runners: List[Tuple[str, Any]] = []
@@ -224,7 +234,9 @@ class SchedulerWeightUpdaterManager:
                 message="update_weights_from_distributed must run between "
                 "begin_weight_update() and end_weight_update()",
             )
-        conflict = self._two_phase_conflict(recv_req.group_name, "another update on it")
+        conflict = self._two_phase_conflict(
+            recv_req.group_name, "another update on it"
+        ) or self._two_phase_holds_weights("an update from a group")
         if conflict:
             return UpdateWeightsFromDistributedReqOutput(
                 success=False, message=conflict
@@ -265,6 +277,9 @@ class SchedulerWeightUpdaterManager:
 
     def update_weights_from_tensor(self, recv_req: UpdateWeightsFromTensorReqInput):
         """Update the online model parameter from tensors on the selected runners."""
+        held = self._two_phase_holds_weights("an update from tensors")
+        if held:
+            return UpdateWeightsFromTensorReqOutput(success=False, message=held)
         if self._session is None:
             return UpdateWeightsFromTensorReqOutput(
                 success=False,
@@ -298,6 +313,9 @@ class SchedulerWeightUpdaterManager:
 
     def update_weights_from_ipc(self, recv_req: UpdateWeightsFromIPCReqInput):
         """Update the online model parameter from IPC for checkpoint-engine integration."""
+        held = self._two_phase_holds_weights("an update from IPC")
+        if held:
+            return UpdateWeightsFromIPCReqOutput(success=False, message=held)
         with self._observe_weight_load("ipc"):
             success, message = True, "Succeeded to update model weights."
             target_updated = False
@@ -502,9 +520,9 @@ class SchedulerWeightUpdaterManager:
 
         if self.draft_worker is not None:
             draft_url = params.get("draft_url", None)
-            assert draft_url is not None, (
-                "draft_url must be provided when draft model is enabled"
-            )
+            assert (
+                draft_url is not None
+            ), "draft_url must be provided when draft model is enabled"
             self.draft_worker.model_runner.weight_exporter.save_remote_model(draft_url)
 
     def save_sharded_model(self, params):
