@@ -256,6 +256,23 @@ def test_a_generator_that_dies_mid_stream_leaves_the_old_weights(
     with pytest.raises(SyncError, match="trainer rank lost"):
         sender.sync_stream(specs_of(new), dies_halfway())
     assert checksum(url) == served
+    # The copy of that transfer is gone: a new trainer's sync applies.
+    again = WeightSender(
+        [Engine(url, tp_size=2)],
+        master_port=cpu_sglang.free_port(),
+        group_name=f"shard_staging_again_{cpu_sglang.free_port()}",
+        backend="gloo",
+        bucket_bytes=BUCKET_BYTES,
+        timeout=120,
+    )
+    again.connect()
+    try:
+        assert again.sync_stream(specs_of(new), (t for _, t in new)).success
+        assert checksum(url) != served
+        again.sync_stream(specs_of(original), (t for _, t in original))
+    finally:
+        again.close()
+    assert checksum(url) == served
 
 
 def test_other_weight_writes_wait_for_an_open_session(
