@@ -41,12 +41,13 @@ sys.path[:0] = [str(ROOT), str(ROOT / "python")]
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from harness.cpu_sglang import free_port, launch, sglang_version  # noqa: E402
+from harness.cpu_sglang import launch, sglang_version  # noqa: E402
 from harness.tiny_model import make_tiny_model  # noqa: E402
+from harness.trainer import gloo_sender  # noqa: E402
 from harness.weights import perturbed  # noqa: E402
 from rlsync import client  # noqa: E402
 from rlsync.planner import plan_buckets  # noqa: E402
-from rlsync.sender import Engine, WeightSender  # noqa: E402
+from rlsync.sender import WeightSender, broadcast_buckets  # noqa: E402
 from rlsync.stream import specs_of  # noqa: E402
 
 
@@ -73,19 +74,6 @@ def made_on_demand(weights, alive: AliveBytes) -> Iterator[torch.Tensor]:
         yield alive.made(tensor.clone())
 
 
-def sender_for(url: str, tp: int, bucket_bytes: int) -> WeightSender:
-    sender = WeightSender(
-        [Engine(url, tp_size=tp)],
-        master_port=free_port(),
-        group_name=f"bench_memory_{free_port()}",
-        backend="gloo",
-        bucket_bytes=bucket_bytes,
-        timeout=600,
-    )
-    sender.connect()
-    return sender
-
-
 def staging_per_rank(url: str, sender: WeightSender, weights, bucket_bytes) -> dict:
     """The prepare answer's staging figures (this series), then the session
     ends with the served weights themselves."""
@@ -96,8 +84,6 @@ def staging_per_rank(url: str, sender: WeightSender, weights, bucket_bytes) -> d
         group_name=sender.group_name,
         load_format="flattened_bucket",
     )
-    from rlsync.sender import broadcast_buckets
-
     broadcast_buckets(buckets, sender.group)
     client.complete_weights_update(url, group_name=sender.group_name)
     return {
@@ -132,8 +118,12 @@ def main() -> int:
                     env_overrides=env,
                     ready_timeout=600,
                 )
-                senders[series, tp] = sender_for(
-                    servers[series, tp].url, tp, bucket_bytes
+                senders[series, tp] = gloo_sender(
+                    servers[series, tp].url,
+                    tp,
+                    bucket_bytes,
+                    f"bench_memory_{series}",
+                    timeout=600,
                 )
         staging = {
             tp: staging_per_rank(

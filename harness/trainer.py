@@ -21,6 +21,23 @@ from rlsync.sender import FLATTENED, Engine, WeightSender
 _pool = cf.ThreadPoolExecutor(max_workers=8)
 
 
+def gloo_sender(
+    url: str, tp: int, bucket_bytes: int, prefix: str, timeout: float = 120.0
+) -> WeightSender:
+    """A connected `WeightSender` over gloo into one server, in a group of
+    its own (`prefix` and a free port name it)."""
+    sender = WeightSender(
+        [Engine(url, tp_size=tp)],
+        master_port=free_port(),
+        group_name=f"{prefix}_{free_port()}",
+        backend="gloo",
+        bucket_bytes=bucket_bytes,
+        timeout=timeout,
+    )
+    sender.connect()
+    return sender
+
+
 class GlooTrainer:
     """Rank 0 of one update group with the given servers (ranks by offset).
 

@@ -25,10 +25,11 @@ from safetensors.torch import load_file
 from harness import cpu_sglang
 from harness.metrics import scrape, total
 from harness.tiny_model import make_tiny_model
+from harness.trainer import gloo_sender
 from harness.weights import Weights, perturbed, save_checkpoint
 from rlsync import client
 from rlsync.planner import plan_buckets
-from rlsync.sender import Engine, SyncError, WeightSender, broadcast_buckets
+from rlsync.sender import SyncError, WeightSender, broadcast_buckets
 from rlsync.stream import specs_of
 
 pytestmark = [pytest.mark.server, pytest.mark.needs("shard_staging")]
@@ -74,15 +75,7 @@ def budget_server(request, demo_model: Path, original: Weights) -> cpu_sglang.Se
 
 @pytest.fixture
 def sender(budget_server: cpu_sglang.Server) -> Iterator[WeightSender]:
-    sender = WeightSender(
-        [Engine(budget_server.url, tp_size=2)],
-        master_port=cpu_sglang.free_port(),
-        group_name=f"shard_staging_{cpu_sglang.free_port()}",
-        backend="gloo",
-        bucket_bytes=BUCKET_BYTES,
-        timeout=120,
-    )
-    sender.connect()
+    sender = gloo_sender(budget_server.url, 2, BUCKET_BYTES, "shard_staging")
     yield sender
     sender.close()
 
@@ -257,15 +250,7 @@ def test_a_generator_that_dies_mid_stream_leaves_the_old_weights(
         sender.sync_stream(specs_of(new), dies_halfway())
     assert checksum(url) == served
     # The copy of that transfer is gone: a new trainer's sync applies.
-    again = WeightSender(
-        [Engine(url, tp_size=2)],
-        master_port=cpu_sglang.free_port(),
-        group_name=f"shard_staging_again_{cpu_sglang.free_port()}",
-        backend="gloo",
-        bucket_bytes=BUCKET_BYTES,
-        timeout=120,
-    )
-    again.connect()
+    again = gloo_sender(url, 2, BUCKET_BYTES, "shard_staging_again")
     try:
         assert again.sync_stream(specs_of(new), (t for _, t in new)).success
         assert checksum(url) != served
