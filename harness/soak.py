@@ -286,7 +286,7 @@ class SoakTrainer:
             {
                 "step": "complete",
                 "engine": o.url,
-                "ok": o.success and o.applied,
+                "ok": o.answered and o.applied,
                 "message": brief(o.message),
                 "body": {"applied": o.applied},
             }

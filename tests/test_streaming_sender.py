@@ -464,7 +464,7 @@ def test_digests_follow_the_bytes(receiver, fleet, atomic, apply, digests):
         )
     finally:
         sender._pool.shutdown(wait=True)
-    assert result.verified and result.success == apply
+    assert result.received and result.verified == digests and result.success == apply
     prepares, completes = fleet.of("prepare"), fleet.of("complete")
     assert len(prepares) == 2 and len(completes) == (4 if atomic else 2)
     for call in prepares:
@@ -531,7 +531,7 @@ def outcome(result) -> tuple:
         result.buckets,
         result.http_calls,
         result.weight_version,
-        [(e.url, e.success, e.applied, e.weight_version) for e in result.engines],
+        [(e.url, e.answered, e.applied, e.weight_version) for e in result.engines],
     )
 
 

@@ -3,8 +3,11 @@
 `sync()` plans buckets, prepares every engine in parallel, broadcasts each
 bucket in the flattened layout, and completes every engine in parallel: two
 HTTP calls per engine (three with `atomic=True`, where every engine first
-verifies and only then do all apply). A failure before or during the
-broadcast aborts every engine, so the old weights keep serving everywhere.
+verifies and only then do all apply). A sync either applies on every engine
+(or, with `apply=False`, leaves every engine ready to apply) and returns a
+`SyncResult`, or raises `SyncError` naming the step; on every failure path
+each session the sync may have left open is aborted, so the old weights keep
+serving where nothing applied and the next sync never meets a stale session.
 
 `sync_stream()` does the same from specs and a generator of tensors
 (`rlsync.stream`): the buckets are planned from the specs, each tensor is
@@ -22,10 +25,12 @@ import concurrent.futures as cf
 import logging
 import sys
 import time
+import warnings
 from collections.abc import AsyncIterable
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
+import httpx
 import torch
 import torch.distributed as dist
 
@@ -114,14 +119,47 @@ class Engine:
 
 @dataclass
 class EngineOutcome:
+    """One engine's answer to a sync's last complete (or, for a failed verify
+    round, to its verify-only complete).
+
+    `answered`: the call returned an answer (HTTP 200 with success); False
+    when it raised (an error status, no answer at all, a malformed body), and
+    `message` then says why. `applied`: the engine serves the sent weights.
+    An engine can answer without applying (`sync(apply=False)`: it is ready
+    to apply) and, rarely, apply without answering cleanly (applied, but the
+    cache flush failed)."""
+
     url: str
-    success: bool
+    answered: bool
     applied: bool
     message: str
     weight_version: Optional[str] = None
-    # The engine's own answer to its last complete (rank results, stats),
-    # None when the call failed.
+    # The engine's own answer (rank results, stats), None when the call failed.
     answer: Optional[CompleteWeightsUpdateResponse] = None
+
+    @property
+    def success(self) -> bool:
+        """Deprecated: `answered` (the call returned, which is not "applied";
+        `SyncResult.success` means every engine applied)."""
+        warnings.warn(
+            "EngineOutcome.success is deprecated: read `answered` (the call "
+            "returned) or `applied` (the engine serves the new weights)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.answered
+
+    @property
+    def ready_to_apply(self) -> bool:
+        """Every byte arrived and checked out; the engine's session is open
+        for an apply (`sync(apply=False)`)."""
+        return self.answer is not None and self.answer.ready_to_apply
+
+    @property
+    def received(self) -> bool:
+        """The engine received every byte on every rank (it applied them or
+        is ready to)."""
+        return self.applied or self.ready_to_apply
 
 
 @dataclass
@@ -132,6 +170,9 @@ class SyncResult:
     http_calls: int
     weight_version: Optional[str]
     engines: list[EngineOutcome] = field(default_factory=list)
+    # The buckets carried digests that every engine compared before it
+    # applied (or answered ready to apply): `WeightSender(digests=True)`.
+    digests: bool = True
 
     @property
     def gbps(self) -> float:
@@ -139,23 +180,85 @@ class SyncResult:
 
     @property
     def success(self) -> bool:
-        return all(e.applied for e in self.engines)
+        """Every engine applied."""
+        return bool(self.engines) and all(e.applied for e in self.engines)
+
+    @property
+    def received(self) -> bool:
+        """Every engine received every byte on every rank: it applied them, or
+        with `sync(apply=False)` it is ready to. Without digests that is a
+        count of the bytes, not a check of their content."""
+        return bool(self.engines) and all(e.received for e in self.engines)
 
     @property
     def verified(self) -> bool:
-        """Every engine received and verified every byte (it applied them,
-        or with `sync(apply=False)` it is ready to)."""
-        return all(
-            e.applied or (e.answer is not None and e.answer.ready_to_apply)
-            for e in self.engines
-        )
+        """Every engine received every byte and compared each bucket with its
+        digest. False with `WeightSender(digests=False)`: nothing was
+        compared."""
+        return self.digests and self.received
 
 
 class SyncError(RuntimeError):
+    """A sync that failed at `step` ("connect", "prepare", "broadcast",
+    "verify" or "apply"). `result`: the per-engine outcomes where the sync
+    got as far as a complete ("verify", "apply"), else None."""
+
     def __init__(self, step: str, message: str, result: Optional[SyncResult] = None):
         super().__init__(f"{step}: {message}")
         self.step = step
         self.result = result
+
+
+def _answered_an_error(exc: BaseException) -> bool:
+    """The engine refused the call with an HTTP error status."""
+    return isinstance(exc, client.EngineError) and (exc.status or 0) >= 400
+
+
+def _never_reached(exc: BaseException) -> bool:
+    """The call's connection never opened: the engine saw nothing."""
+    return isinstance(exc.__cause__, (httpx.ConnectError, httpx.ConnectTimeout))
+
+
+def _outcome(
+    engine: Engine, res: object, weight_version: Optional[str]
+) -> EngineOutcome:
+    """An engine's outcome from its complete's answer or exception;
+    `weight_version` (the requested one) where the engine applied."""
+    if isinstance(res, Exception):
+        # An error answer may still say that the engine applied (applied, but
+        # the cache flush failed): report what the engine says it did.
+        body = getattr(res, "body", None)
+        body = body if isinstance(body, dict) else {}
+        applied = body.get("applied") is True
+        version = (body.get("weight_version") or weight_version) if applied else None
+        return EngineOutcome(engine.url, False, applied, str(res), version)
+    assert isinstance(res, CompleteWeightsUpdateResponse), res
+    version = (res.weight_version or weight_version) if res.applied else None
+    return EngineOutcome(
+        engine.url, True, res.applied, res.message, version, answer=res
+    )
+
+
+def _not_applied(outcomes: list[EngineOutcome]) -> str:
+    """Which engines applied and which did not, and why."""
+    bad = [o for o in outcomes if not o.applied]
+    good = [o.url for o in outcomes if o.applied]
+    return (
+        f"{len(bad)} of {len(outcomes)} engine(s) did not apply: "
+        + "; ".join(f"{o.url}: {o.message}" for o in bad)
+        + f"; applied on: {', '.join(good) or 'none'}"
+    )
+
+
+def _not_ready(outcomes: list[EngineOutcome]) -> str:
+    """Which engines ended ready to apply and which did not, and why."""
+    bad = [o for o in outcomes if not o.ready_to_apply]
+    good = [o.url for o in outcomes if o.ready_to_apply]
+    return (
+        f"{len(bad)} of {len(outcomes)} engine(s) not ready to apply: "
+        + "; ".join(f"{o.url}: {o.message}" for o in bad)
+        + f"; ready on: {', '.join(good) or 'none'}"
+    )
 
 
 def _flatten(
@@ -324,7 +427,16 @@ class WeightSender:
         load_format: Optional[str] = FLATTENED,
     ):
         """`load_format`: "flattened_bucket" (one broadcast per bucket, the
-        fast path) or None (one per tensor, upstream's layout)."""
+        fast path) or None (one per tensor, upstream's layout).
+
+        `digests=False` sends no bucket digests: every engine still checks
+        that every bucket arrived whole on every rank (byte counts), not what
+        the bytes are, so `SyncResult.verified` is False and
+        `SyncResult.received` says that every byte arrived. A verify round
+        (`atomic=True`, or `apply=False`) is still allowed without digests,
+        since it still keeps any engine from applying unless every engine
+        holds every byte, but it logs a warning once per sender: it cannot
+        catch corrupted bytes."""
         assert engines, "WeightSender needs at least one engine"
         assert load_format in (
             FLATTENED,
@@ -341,6 +453,10 @@ class WeightSender:
         self.group: Optional[dist.ProcessGroup] = None
         # Each engine's /rlsync_info features, read by connect().
         self.features: dict[str, list[str]] = {}
+        # Engines whose session a failed sync may have left open because its
+        # abort failed too: the next sync aborts them again before preparing.
+        self._stale: set[str] = set()
+        self._warned_unverified = False
         self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(engines)))
 
     def _each(self, fn, engines=None) -> list[tuple[Engine, object]]:
@@ -453,6 +569,11 @@ class WeightSender:
         return []
 
     def _abort_all(self, engines=None) -> list[str]:
+        """Abort the session on each of `engines` (default: all); what went
+        wrong, if anything. An engine without a session answers 409: there
+        was nothing to close (a failed complete discarded it, or the engine
+        applied), which is fine. An engine whose abort failed is aborted
+        again before the next sync prepares."""
         notes = []
         for engine, res in self._each(
             lambda e: client.abort_weights_update(
@@ -460,11 +581,32 @@ class WeightSender:
             ),
             engines,
         ):
-            if isinstance(res, Exception):
+            if isinstance(res, client.EngineError) and res.status == 409:
+                self._stale.discard(engine.url)
+                body = res.body if isinstance(res.body, dict) else {}
+                if body.get("group_usable") is False:
+                    notes.append(f"{engine.url}: group must be re-initialised")
+            elif isinstance(res, Exception):
+                self._stale.add(engine.url)
                 notes.append(f"{engine.url}: abort failed: {res}")
-            elif not res.group_usable:
-                notes.append(f"{engine.url}: group must be re-initialised")
+            else:
+                self._stale.discard(engine.url)
+                if not res.group_usable:
+                    notes.append(f"{engine.url}: group must be re-initialised")
         return notes
+
+    def _abort_stale(self) -> None:
+        """Before a sync: abort the sessions an earlier failed sync could not."""
+        stale = [e for e in self.engines if e.url in self._stale]
+        self._stale.intersection_update(e.url for e in self.engines)
+        if stale:
+            notes = self._abort_all(stale)
+            logger.warning(
+                "rlsync sync: aborted the sessions a failed sync left open on "
+                "%s (%s)",
+                ", ".join(e.url for e in stale),
+                "; ".join(notes) or "ok",
+            )
 
     def sync(
         self,
@@ -485,7 +627,17 @@ class WeightSender:
         old weights, and keeps its session open for a later
         `client.complete_weights_update` (apply) or `abort_weights_update`.
         The tensors are in memory already, so their digests go with the
-        prepare (every series' servers take them there)."""
+        prepare (every series' servers take them there).
+
+        Returns a `SyncResult` only when every engine applied (with
+        `apply=False`: every engine is ready to apply). Otherwise raises
+        `SyncError` naming the step ("prepare", "broadcast", "verify" for the
+        verify round or a failed `apply=False` sync, "apply"), which engines
+        applied and which did not and why; `SyncError.result` holds the
+        per-engine outcomes once a complete ran. Every session the sync may
+        have left open is aborted first (with `apply=False`, the ready
+        engines' too), so the next sync starts clean; where nothing applied,
+        the old weights keep serving."""
         pairs = list(named_tensors(weights))
         plans = plan_spec_buckets(
             [TensorSpec.of(name, t) for name, t in pairs], self.bucket_bytes
@@ -529,7 +681,7 @@ class WeightSender:
         raises SyncError("broadcast", ...) naming it (chained to it). With
         digests on, the prepare says `defer_digests` and the first complete
         brings each bucket's digest, computed just before it was sent.
-        Other arguments as for `sync`."""
+        Other arguments, the result and the failures as for `sync`."""
         return self._sync(
             plan_spec_buckets(specs, self.bucket_bytes),
             tensors,
@@ -605,6 +757,9 @@ class WeightSender:
         defer_digests = self.digests and prepare_digests is None
         if defer_digests:
             self._require_streaming()
+        if not self.digests and (atomic or not apply):
+            self._warn_unverified()
+        self._abort_stale()
         meta = [
             plan.metadata(None if prepare_digests is None else prepare_digests[i])
             for i, plan in enumerate(plans)
@@ -612,6 +767,17 @@ class WeightSender:
         total = sum(plan.nbytes for plan in plans)
         t0 = time.perf_counter()
         calls = 0
+
+        def result_of(outcomes: list[EngineOutcome]) -> SyncResult:
+            return SyncResult(
+                bytes=total,
+                buckets=len(plans),
+                seconds=time.perf_counter() - t0,
+                http_calls=calls,
+                weight_version=weight_version,
+                engines=outcomes,
+                digests=self.digests,
+            )
 
         # Passed only when set: a sync with prepare-time digests makes the
         # same client calls as before.
@@ -630,8 +796,16 @@ class WeightSender:
         calls += len(self.engines)
         failed = [(e, r) for e, r in prepared if isinstance(r, Exception)]
         if failed:
-            ok = [e for e, r in prepared if not isinstance(r, Exception)]
-            notes = self._abort_all(ok)
+            # Abort every engine that may hold a session: those that answered
+            # ready, and those whose answer never came (the prepare may have
+            # opened one); not those that refused it or that it never reached.
+            opened = [
+                e
+                for e, r in prepared
+                if not isinstance(r, Exception)
+                or not (_answered_an_error(r) or _never_reached(r))
+            ]
+            notes = self._abort_all(opened)
             raise SyncError(
                 "prepare",
                 "; ".join(f"{e.url}: {r}" for e, r in failed)
@@ -652,7 +826,6 @@ class WeightSender:
         # The first complete brings the deferred digests.
         digests: dict[str, Any] = {"digests": sent_digests} if defer_digests else {}
 
-        outcomes: dict[str, EngineOutcome] = {}
         if atomic and apply:
             verified = self._each(
                 lambda e: client.complete_weights_update(
@@ -666,15 +839,17 @@ class WeightSender:
             )
             digests = {}
             calls += len(self.engines)
-            bad = [(e, r) for e, r in verified if isinstance(r, Exception)]
-            if bad:
-                notes = self._abort_all(
-                    [e for e, r in verified if not isinstance(r, Exception)]
-                )
+            checked = [_outcome(e, r, weight_version) for e, r in verified]
+            if not all(o.ready_to_apply for o in checked):
+                # A complete that failed may keep its session (a timeout, a
+                # malformed request): abort every engine, the ready ones too.
+                notes = "; ".join(self._abort_all()) or "ok"
+                calls += len(self.engines)
                 raise SyncError(
                     "verify",
-                    "; ".join(f"{e.url}: {r}" for e, r in bad)
-                    + f"; no engine applied (others aborted: {'; '.join(notes) or 'ok'})",
+                    f"{_not_ready(checked)}; no engine applied, every engine "
+                    f"aborted ({notes})",
+                    result_of(checked),
                 )
         done = self._each(
             lambda e: client.complete_weights_update(
@@ -689,38 +864,60 @@ class WeightSender:
             )
         )
         calls += len(self.engines)
-        for engine, res in done:
-            if isinstance(res, Exception):
-                outcomes[engine.url] = EngineOutcome(engine.url, False, False, str(res))
+        outcomes = [_outcome(e, r, weight_version) for e, r in done]
+        if apply:
+            left = [e for e, o in zip(self.engines, outcomes) if not o.applied]
+        else:
+            left = [e for e, o in zip(self.engines, outcomes) if not o.ready_to_apply]
+        if left:
+            # Close every session the sync may have left open: where the
+            # complete failed or did not apply (with apply=False, the ready
+            # engines' too: none is to apply once the sync failed).
+            aborted = left if apply else self.engines
+            notes = "; ".join(self._abort_all(aborted)) or "ok"
+            calls += len(aborted)
+            result = result_of(outcomes)
+            self._log(result, apply)
+            if apply:
+                message = f"{_not_applied(outcomes)}; their sessions aborted ({notes})"
             else:
-                outcomes[engine.url] = EngineOutcome(
-                    engine.url,
-                    True,
-                    res.applied,
-                    res.message,
-                    weight_version,
-                    answer=res,
+                message = (
+                    f"{_not_ready(outcomes)}; nothing applied, every engine "
+                    f"aborted ({notes})"
                 )
-        result = SyncResult(
-            bytes=total,
-            buckets=len(plans),
-            seconds=time.perf_counter() - t0,
-            http_calls=calls,
-            weight_version=weight_version,
-            engines=[outcomes[e.url] for e in self.engines],
-        )
+            raise SyncError("apply" if apply else "verify", message, result)
+        result = result_of(outcomes)
+        unclean = [o for o in outcomes if not o.answered]
+        if unclean:  # applied, but the answer was an error (a failed cache flush)
+            logger.warning(
+                "rlsync sync: applied with errors: %s",
+                "; ".join(f"{o.url}: {o.message}" for o in unclean),
+            )
+        self._log(result, apply)
+        return result
+
+    def _log(self, result: SyncResult, apply: bool) -> None:
         logger.info(
             "rlsync sync: %d bytes, %d buckets, %d HTTP calls, %.3f s, %.2f GB/s, "
-            "applied on %d/%d engines",
-            total,
-            len(plans),
-            calls,
+            "%s on %d/%d engines",
+            result.bytes,
+            result.buckets,
+            result.http_calls,
             result.seconds,
             result.gbps,
-            sum(e.applied for e in result.engines),
-            len(self.engines),
+            "applied" if apply else "ready to apply",
+            sum(e.applied if apply else e.ready_to_apply for e in result.engines),
+            len(result.engines),
         )
-        return result
+
+    def _warn_unverified(self) -> None:
+        if not self._warned_unverified:
+            self._warned_unverified = True
+            logger.warning(
+                "rlsync sync: WeightSender(digests=False): the verify round "
+                "checks that every byte arrived on every rank, not what the "
+                "bytes are; corrupted bytes would be applied"
+            )
 
     def _require_streaming(self) -> None:
         """An engine of an older series takes digests with prepare only."""

@@ -43,7 +43,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rlsync.client import bearer_ok, check_key
 from rlsync.request_body import BodyTooLarge, read_json_object
-from rlsync.sender import Engine, SyncError, Weights, WeightSender
+from rlsync.sender import Engine, SyncError, SyncResult, Weights, WeightSender
 
 logger = logging.getLogger(__name__)
 
@@ -330,11 +330,12 @@ def create_trainer_app(
                 sender.sync, weights(), weight_version=version, atomic=atomic
             )
         except SyncError as e:
-            if e.step in ("connect", "broadcast"):
+            if e.step in ("connect", "broadcast") or "re-initialised" in str(e):
                 await run_in_threadpool(close_sender)  # rebuilt on the next sync
-            return JSONResponse(
-                {"success": False, "step": e.step, "message": str(e)}, status_code=502
-            )
+            body = {"success": False, "step": e.step, "message": str(e)}
+            if e.result is not None:
+                body["engines"] = _engine_outcomes(e.result)
+            return JSONResponse(body, status_code=502)
         except Exception as e:  # the trainer's own weights or state
             logger.exception("rlsync trainer API: sync failed")
             await run_in_threadpool(close_sender)
@@ -355,18 +356,23 @@ def create_trainer_app(
                 "gbps": result.gbps,
                 "http_calls": result.http_calls,
                 "weight_version": result.weight_version,
-                "engines": [
-                    {
-                        "url": o.url,
-                        "success": o.success,
-                        "applied": o.applied,
-                        "message": o.message,
-                        "weight_version": o.weight_version,
-                    }
-                    for o in result.engines
-                ],
+                "engines": _engine_outcomes(result),
             },
             status_code=200 if result.success else 502,
         )
 
     return app
+
+
+def _engine_outcomes(result: SyncResult) -> list[dict]:
+    """Each engine's outcome of a sync, as the API answers it."""
+    return [
+        {
+            "url": o.url,
+            "success": o.answered,
+            "applied": o.applied,
+            "message": o.message,
+            "weight_version": o.weight_version,
+        }
+        for o in result.engines
+    ]
