@@ -592,3 +592,19 @@ def test_async_sync_keeps_the_loop_ticking(sender, fleet, source, monkeypatch):
     if source != "weights":
         tracked.check_bound()
     check_received(fleet, 8)
+
+
+def test_a_generator_may_reuse_one_buffer_for_every_tensor(sender, fleet):
+    """Frameworks gather each tensor into one reused buffer: the sender
+    copies each tensor into its bucket before it pulls the next one."""
+    expected = [make_tensor(s, 8, i) for i, s in enumerate(SPECS)]
+    buffer = torch.empty(max(s.nbytes for s in SPECS), dtype=torch.uint8)
+
+    def into_one_buffer() -> Iterator[torch.Tensor]:
+        for spec, tensor in zip(SPECS, expected):
+            view = buffer[: spec.nbytes].view(spec.dtype).view(spec.shape)
+            view.copy_(tensor)
+            yield view
+
+    assert sender.sync_stream(SPECS, into_one_buffer()).success
+    check_received(fleet, 8)

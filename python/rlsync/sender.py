@@ -312,6 +312,7 @@ def stream_buckets(
     report: Optional[Progress] = None,
     pack: str = "copy",
     digests: bool = False,
+    copy_as_pulled: bool = False,
 ) -> list[str]:
     """The data path: one broadcast per bucket from rank 0, in the flattened
     layout. Bucket k+1 is pulled from `stream` and packed while bucket k is on
@@ -319,12 +320,17 @@ def stream_buckets(
     broadcast has ended, so at most two buckets' tensors are alive at once.
     The stream must end with the last bucket (checked before that bucket is
     sent). With `digests`, each bucket's digest over the bytes it sends,
-    computed just before sending (else [])."""
+    computed just before sending (else []). `copy_as_pulled`: each tensor is
+    copied into its bucket's bytes before the next one is pulled, so a
+    generator may yield one reused buffer (a streamed sync's tensors)."""
     in_flight = None  # (work, flat): the buffer must live until the work ends
     sent_digests: list[str] = []
     sent = 0
     for i, plan in enumerate(plans):
-        flat = _flatten(stream.pull_bucket(plan), device, pack)
+        if copy_as_pulled:
+            flat = _pack_as_pulled(plan, stream, device)
+        else:
+            flat = _flatten(stream.pull_bucket(plan), device, pack)
         if i == len(plans) - 1:
             stream.finish()
         if digests:
@@ -349,14 +355,19 @@ def stream_tensors(
     device: Optional[torch.device] = None,
     report: Optional[Progress] = None,
     digests: bool = False,
+    copy_as_pulled: bool = False,
 ) -> list[str]:
     """Upstream's per-tensor layout (`load_format` None): one broadcast per
     tensor, in the metadata's order, a bucket pulled from `stream` at a time.
-    With `digests`, each bucket's digest (else [])."""
+    With `digests`, each bucket's digest (else []). `copy_as_pulled` as for
+    `stream_buckets`."""
     sent_digests: list[str] = []
     sent = 0
     for i, plan in enumerate(plans):
-        tensors = stream.pull_bucket(plan)
+        if copy_as_pulled:
+            tensors = [stream.pull().detach().clone() for _ in plan.specs]
+        else:
+            tensors = stream.pull_bucket(plan)
         if i == len(plans) - 1:
             stream.finish()
         if digests:
@@ -369,6 +380,25 @@ def stream_tensors(
         if report is not None:
             report(i + 1, len(plans), sent)
     return sent_digests
+
+
+def _pack_as_pulled(
+    plan: BucketPlan, stream: TensorStream, device: Optional[torch.device]
+) -> torch.Tensor:
+    """The bucket's bytes (the flattened layout), each tensor copied in as
+    soon as it is pulled: the stream may reuse its memory for the next one."""
+    flat: Optional[torch.Tensor] = None
+    offset = 0
+    for _ in plan.specs:
+        part = stream.pull().detach().contiguous().reshape(-1).view(torch.uint8)
+        if flat is None:
+            flat = torch.empty(
+                plan.nbytes, dtype=torch.uint8, device=device or part.device
+            )
+        flat[offset : offset + part.numel()].copy_(part)
+        offset += part.numel()
+    assert flat is not None, "a bucket holds at least one tensor"
+    return flat
 
 
 def _plans_and_stream(buckets: list[Bucket]) -> tuple[list[BucketPlan], TensorStream]:
@@ -652,6 +682,7 @@ class WeightSender:
             plans,
             pairs,
             digests,
+            held=True,
             weight_version=weight_version,
             atomic=atomic,
             progress=progress,
@@ -741,6 +772,7 @@ class WeightSender:
         tensors: Iterable[TensorItem],
         prepare_digests: Optional[list[str]],
         *,
+        held: bool = False,
         weight_version: Optional[str],
         atomic: bool,
         progress: Union[bool, Progress],
@@ -748,7 +780,9 @@ class WeightSender:
         apply: bool,
     ) -> SyncResult:
         """Every sync: prepare, broadcast (pulling `tensors` as the buckets
-        are packed), verify, apply. `prepare_digests`: one per bucket, sent
+        are packed), verify, apply. `held`: the tensors stay valid for the
+        whole sync (`sync`'s, in memory already); else each is copied as it
+        is pulled. `prepare_digests`: one per bucket, sent
         with the prepare; None with digests on defers them to the first
         complete."""
         assert self.group is not None, "call connect() first"
@@ -814,7 +848,11 @@ class WeightSender:
         try:
             specs = [spec for plan in plans for spec in plan.specs]
             sent_digests = self._broadcast(
-                plans, TensorStream(specs, tensors), report, defer_digests
+                plans,
+                TensorStream(specs, tensors),
+                report,
+                defer_digests,
+                copy_as_pulled=not held,
             )
         except BaseException as exc:
             notes = self._abort_all()
@@ -946,13 +984,22 @@ class WeightSender:
         stream: TensorStream,
         report: Optional[Progress],
         digests: bool,
+        copy_as_pulled: bool,
     ) -> list[str]:
         assert self.group is not None, "call connect() first"
         if self.load_format == FLATTENED:
             return stream_buckets(
-                plans, stream, self.group, self.device, report, digests=digests
+                plans,
+                stream,
+                self.group,
+                self.device,
+                report,
+                digests=digests,
+                copy_as_pulled=copy_as_pulled,
             )
-        return stream_tensors(plans, stream, self.group, self.device, report, digests)
+        return stream_tensors(
+            plans, stream, self.group, self.device, report, digests, copy_as_pulled
+        )
 
     def close(self) -> None:
         for engine, _ in self._each(
