@@ -184,14 +184,14 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     def _staging_placement(self: Scheduler) -> str:
         return getattr(self.server_args, "weight_update_staging", "device")
 
-    def _check_staging_budget(
-        self: Scheduler, copy_bytes: int, buffer_bytes: int
-    ) -> None:
+    def _check_staging_budget(self: Scheduler, copy_bytes: int, buckets: List) -> None:
         """413 naming this rank and the bytes it needs: past
         --weight-update-staging-budget-mb, or by default past the memory free
         where each part lives (plus what is already held for reuse): the copy
         of the rank's parameters (device or host memory) and the bucket
         buffers (device memory)."""
+        largest = max(buckets, key=lambda bucket: bucket.nbytes)
+        buffer_bytes = ring_bytes(buckets)
         need = copy_bytes + buffer_bytes
         budget_mb = self.server_args.weight_update_staging_budget_mb
         placement = self._staging_placement()
@@ -220,11 +220,12 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 if not what.startswith("the "):
                     what = f"the {limit:.0f} bytes of {what}"
                 raise WeightsUpdateError(
-                    f"buckets: staging needs {need} bytes ({need / 2**20:.1f} MiB) "
-                    f"on TP rank {self.tp_rank}: a copy of its parameters "
-                    f"({copy_bytes} bytes, {placement} memory) and {RING_BUCKETS} "
-                    f"bucket buffers ({buffer_bytes} bytes); {wanted} bytes is "
-                    f"more than {what}",
+                    f"buckets[{largest.index}]: staging needs {need} bytes "
+                    f"({need / 2**20:.1f} MiB) on TP rank {self.tp_rank}: a copy "
+                    f"of its parameters ({copy_bytes} bytes, {placement} memory) "
+                    f"and {RING_BUCKETS} buffers of the largest bucket, this one "
+                    f"({largest.nbytes} bytes each); {wanted} bytes is more than "
+                    f"{what}",
                     status_code=413,
                 )
 
@@ -271,9 +272,8 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             if unsupported:
                 raise WeightsUpdateError(f"buckets: {unsupported}")
             copy_bytes = parameter_bytes(self._staged_models())
-            buffer_bytes = ring_bytes(buckets)
-            self._check_staging_budget(copy_bytes, buffer_bytes)
-            staging_bytes = copy_bytes + buffer_bytes
+            self._check_staging_budget(copy_bytes, buckets)
+            staging_bytes = copy_bytes + ring_bytes(buckets)
             _check_loadable(
                 model_runner.model, self.server_args.model_path, self.tp_size, buckets
             )
