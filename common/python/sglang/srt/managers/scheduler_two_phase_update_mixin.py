@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import torch
 import zmq
+
 from sglang.srt.managers.io_struct import (
     AbortWeightsUpdateReqInput,
     AbortWeightsUpdateReqOutput,

@@ -32,6 +32,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 
 import torch
 import torch.distributed as dist
+
 from sglang.srt.weight_sync.digest import (
     DIGEST_ALGORITHM,
     MAX_DIGEST_BYTES,
