@@ -239,25 +239,29 @@ def _outcome(
     )
 
 
-def _not_applied(outcomes: list[EngineOutcome]) -> str:
-    """Which engines applied and which did not, and why."""
-    bad = [o for o in outcomes if not o.applied]
-    good = [o.url for o in outcomes if o.applied]
+def _which_did(
+    outcomes: list[EngineOutcome],
+    did: Callable[[EngineOutcome], bool],
+    failed: str,
+    succeeded: str,
+) -> str:
+    """Which engines did not (`failed`) and why, and which did (`succeeded`)."""
+    bad = [o for o in outcomes if not did(o)]
+    good = [o.url for o in outcomes if did(o)]
     return (
-        f"{len(bad)} of {len(outcomes)} engine(s) did not apply: "
+        f"{len(bad)} of {len(outcomes)} engine(s) {failed}: "
         + "; ".join(f"{o.url}: {o.message}" for o in bad)
-        + f"; applied on: {', '.join(good) or 'none'}"
+        + f"; {succeeded}: {', '.join(good) or 'none'}"
     )
 
 
+def _not_applied(outcomes: list[EngineOutcome]) -> str:
+    return _which_did(outcomes, lambda o: o.applied, "did not apply", "applied on")
+
+
 def _not_ready(outcomes: list[EngineOutcome]) -> str:
-    """Which engines ended ready to apply and which did not, and why."""
-    bad = [o for o in outcomes if not o.ready_to_apply]
-    good = [o.url for o in outcomes if o.ready_to_apply]
-    return (
-        f"{len(bad)} of {len(outcomes)} engine(s) not ready to apply: "
-        + "; ".join(f"{o.url}: {o.message}" for o in bad)
-        + f"; ready on: {', '.join(good) or 'none'}"
+    return _which_did(
+        outcomes, lambda o: o.ready_to_apply, "not ready to apply", "ready on"
     )
 
 
