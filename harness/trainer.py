@@ -160,7 +160,7 @@ def update_two_phase(
     result = sender.sync(
         named, weight_version=weight_version, apply=apply, progress=progress
     )
-    failed = [e for e in result.engines if e.answer is None]
+    failed = [e for e in result.engines if not e.answered]
     if failed:
         raise client.EngineError(
             failed[0].url, "/complete_weights_update", None, failed[0].message

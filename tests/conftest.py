@@ -193,6 +193,23 @@ def start_server(request, tiny_model, upstream_tree):
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def start_module_server(request, tiny_model):
+    """Factory like start_server, for a server that the tests of one module
+    share (one start instead of one per test); stopped after the module."""
+    started: list[cpu_sglang.Server] = []
+
+    def start(tp: int = 1, extra_args=None, env=None, **kw):
+        name = request.module.__name__.rsplit(".", 1)[-1] + f"-{len(started)}"
+        server = _start(request, tiny_model, tp, False, extra_args, env, name, **kw)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
 # A short soft watchdog on the shared servers: any false stall shows in the log.
 # Metrics on: test_sync_metrics reads them, and every other test runs with them.
 SESSION_ARGS = [
@@ -225,17 +242,21 @@ def server_tp2(request, tiny_model):
     return _session_server(request, tiny_model, 2)
 
 
-# Keys of keyed_server: its admin key and its ordinary --api-key.
+# Keys of keyed_server: its admin key and its ordinary --api-key, and the
+# admin key in its environment, which the flag overrides.
 KEYED_ADMIN_KEY, KEYED_API_KEY = "admin-k3y", "api-k3y"
+KEYED_ENV_ADMIN_KEY = "env-admin-k3y-overridden"
 
 
 @pytest.fixture(scope="session")
 def keyed_server(request, tiny_model):
-    """A patched TP 1 server with an admin key and an ordinary API key,
-    shared by the modules that need both set (one start instead of one per
+    """A patched TP 1 server with an admin key and an ordinary API key (and
+    another admin key in SGLANG_ADMIN_API_KEY, which the flag overrides),
+    shared by the modules that need keys set (one start instead of one per
     module)."""
     keys = ["--admin-api-key", KEYED_ADMIN_KEY, "--api-key", KEYED_API_KEY]
-    server = _start(request, tiny_model, 1, False, keys, name="session-keyed")
+    env = {"SGLANG_ADMIN_API_KEY": KEYED_ENV_ADMIN_KEY}
+    server = _start(request, tiny_model, 1, False, keys, env, name="session-keyed")
     request.addfinalizer(server.stop)
     return server
 

@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import ACTIVE_PIN, active_features, active_pin
+from conftest import (
+    ACTIVE_PIN,
+    KEYED_ADMIN_KEY,
+    KEYED_API_KEY,
+    KEYED_ENV_ADMIN_KEY,
+    active_features,
+    active_pin,
+)
 
 from harness.cpu_sglang import free_port
 from rlsync import client
@@ -20,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HTTP_SERVER = (
     ROOT / "pins" / ACTIVE_PIN / "overlay/python/sglang/srt/entrypoints/http_server.py"
 )
-ADMIN_KEY, USER_KEY = "adm1n-s3cret-key", "us3r-s3cret-key"
+ENV_ADMIN_KEY = "adm1n-s3cret-key"
 
 
 def admin_routes() -> list[tuple[str, str, bool]]:
@@ -79,19 +86,23 @@ def test_the_sweep_covers_the_weight_operations():
 
 @pytest.mark.needs("admin_api_key_env")
 @pytest.mark.parametrize("source", ["flag", "env"])
-def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_model):
+def test_every_admin_endpoint_needs_the_admin_key(
+    source, request, start_server, tiny_model
+):
+    """With the key from the flag (the shared keyed server: an ordinary
+    --api-key too), or from the environment alone."""
     if source == "flag":
-        server = start_server(
-            extra_args=["--admin-api-key", ADMIN_KEY, "--api-key", USER_KEY]
-        )
+        server = request.getfixturevalue("keyed_server")
+        admin_key, user_key = KEYED_ADMIN_KEY, KEYED_API_KEY
     else:
-        server = start_server(env={"SGLANG_ADMIN_API_KEY": ADMIN_KEY})
+        server = start_server(env={"SGLANG_ADMIN_API_KEY": ENV_ADMIN_KEY})
+        admin_key, user_key = ENV_ADMIN_KEY, "us3r-s3cret-key"
     url = server.url
-    user = USER_KEY if source == "flag" else None
-    before = client.weights_checksum(url, admin_key=ADMIN_KEY)["checksum"]
+    user = user_key if source == "flag" else None
+    before = client.weights_checksum(url, admin_key=admin_key)["checksum"]
     version = call(url, "GET", "/model_info", user).json()["weight_version"]
     for method, path in admin_endpoints():
-        for key in (None, "wrong", USER_KEY):
+        for key in (None, "wrong", user_key):
             resp = call(url, method, path, key, json={"model_path": str(tiny_model)})
             assert resp.status_code == 401, (
                 path,
@@ -100,7 +111,7 @@ def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_mod
                 resp.text[:200],
             )
     # Refused calls changed nothing.
-    assert client.weights_checksum(url, admin_key=ADMIN_KEY)["checksum"] == before
+    assert client.weights_checksum(url, admin_key=admin_key)["checksum"] == before
     assert call(url, "GET", "/model_info", user).json()["weight_version"] == version
     assert (
         requests.get(url + "/health", timeout=10).status_code == 200
@@ -110,14 +121,14 @@ def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_mod
     # and no handler runs.
     for method, path, typed in admin_routes():
         if typed:
-            resp = call(url, method, path, ADMIN_KEY, json=[])
+            resp = call(url, method, path, admin_key, json=[])
             assert resp.status_code in (400, 422), (
                 path,
                 resp.status_code,
                 resp.text[:200],
             )
             assert "validation error" in resp.text, (path, resp.text[:200])
-    assert client.weights_checksum(url, admin_key=ADMIN_KEY)["checksum"] == before
+    assert client.weights_checksum(url, admin_key=admin_key)["checksum"] == before
     # The right key works.
     for path, body in [
         ("/pause_generation", {"mode": "in_place"}),
@@ -125,7 +136,7 @@ def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_mod
         ("/flush_cache", {}),
         ("/weights_checker", {"action": "checksum"}),
     ]:
-        resp = call(url, "POST", path, ADMIN_KEY, json=body)
+        resp = call(url, "POST", path, admin_key, json=body)
         assert resp.status_code == 200, (path, resp.text[:300])
     body = {"text": "ok", "sampling_params": {"max_new_tokens": 2}}
     gen = call(url, "POST", "/generate", user, json=body)
@@ -133,15 +144,14 @@ def test_every_admin_endpoint_needs_the_admin_key(source, start_server, tiny_mod
 
 
 @pytest.mark.needs("secret_redaction")
-def test_no_answer_or_log_line_carries_a_key(start_server):
-    server = start_server(
-        extra_args=["--admin-api-key", ADMIN_KEY, "--api-key", USER_KEY],
-        env={"SGLANG_ADMIN_API_KEY": "env-key-unused"},
-    )
+def test_no_answer_or_log_line_carries_a_key(keyed_server):
+    """The keyed server has all three keys: flag, environment, --api-key."""
+    server = keyed_server
+    keys = (KEYED_ADMIN_KEY, KEYED_API_KEY, KEYED_ENV_ADMIN_KEY)
     for path in ("/server_info", "/get_server_info"):
-        resp = call(server.url, "GET", path, USER_KEY)
+        resp = call(server.url, "GET", path, KEYED_API_KEY)
         assert resp.status_code == 200, resp.text
-        assert ADMIN_KEY not in resp.text and USER_KEY not in resp.text, path
+        assert not [k for k in keys if k in resp.text], path
         body = resp.json()
         assert body["admin_api_key"] == "<redacted>" and body["api_key"] == "<redacted>"
         assert all(
@@ -152,21 +162,18 @@ def test_no_answer_or_log_line_carries_a_key(start_server):
     # The start-up line: ServerArgs(...) on 0.5.10, a dict on 0.5.23.
     assert "server_args=ServerArgs(" in log or "server_args={" in log
     assert "admin_api_key=<redacted>" in log or "'admin_api_key': '<redacted>'" in log
-    assert ADMIN_KEY not in log and USER_KEY not in log
+    assert not [k for k in keys if k in log]
 
 
 @pytest.mark.needs("admin_api_key_env")
-def test_flag_wins_over_the_environment(start_server):
-    server = start_server(
-        extra_args=["--admin-api-key", ADMIN_KEY], env={"SGLANG_ADMIN_API_KEY": "other"}
-    )
-    ok = call(
-        server.url, "POST", "/weights_checker", ADMIN_KEY, json={"action": "checksum"}
-    )
+def test_flag_wins_over_the_environment(keyed_server):
+    """The keyed server has an admin key in the flag and another in
+    SGLANG_ADMIN_API_KEY."""
+    body = {"action": "checksum"}
+    url = keyed_server.url
+    ok = call(url, "POST", "/weights_checker", KEYED_ADMIN_KEY, json=body)
     assert ok.status_code == 200
-    bad = call(
-        server.url, "POST", "/weights_checker", "other", json={"action": "checksum"}
-    )
+    bad = call(url, "POST", "/weights_checker", KEYED_ENV_ADMIN_KEY, json=body)
     assert bad.status_code == 401
 
 

@@ -221,13 +221,16 @@ def test_failing_operation_clears_the_state(server_tp1):
 
 
 @pytest.mark.needs("init_weights_update_group_timeout")
-def test_hung_operation_past_deadline_turns_unhealthy_then_recovers(start_server):
+def test_hung_operation_past_deadline_turns_unhealthy_then_recovers(
+    short_deadline_server,
+):
     """A weight operation stuck past the operator's deadline (its scheduler
     stopped inside it, as a hang in native code would leave it: the
     operation's own timeouts cannot end it) turns health 503, naming it;
     once it ends, health recovers."""
-    deadline = ["--weight-update-health-deadline", "3", "--enable-metrics"]
-    server = start_server(tp=1, extra_args=deadline)
+    server = short_deadline_server
+    health = "sglang:weight_update_health_answers_total"
+    before = scrape(server.url)
     port = free_port()
     fut = start_init(server, port, f"hung_{port}")
     (scheduler,) = server.schedulers()
@@ -255,9 +258,14 @@ def test_hung_operation_past_deadline_turns_unhealthy_then_recovers(start_server
     # /metrics counted every answer the server gave (a probe the client gave
     # up on may have been answered too).
     counted = scrape(server.url)
-    health = "sglang:weight_update_health_answers_total"
-    assert value(counted, health, answer="past_deadline") >= len(late)
-    assert value(counted, health, answer="healthy_while_updating") >= len(early)
+
+    def answered(answer: str) -> float:
+        return value(counted, health, answer=answer) - value(
+            before, health, answer=answer
+        )
+
+    assert answered("past_deadline") >= len(late)
+    assert answered("healthy_while_updating") >= len(early)
     in_flight = "sglang:weight_update_operations_in_flight"
     assert value(counted, in_flight, operation="init_weights_update_group") == 0
 
@@ -290,9 +298,12 @@ def test_probes_that_arrive_just_before_a_blocking_init_are_answered_promptly(
             leave_update_group(pg)
 
 
-@pytest.fixture
-def short_deadline_server(start_server):
-    return start_server(tp=1, extra_args=["--weight-update-health-deadline", "3"])
+@pytest.fixture(scope="module")
+def short_deadline_server(start_module_server):
+    """One server for the module's tests of the operator's deadline (3 s);
+    each leaves it serving, with no group or session of its own."""
+    deadline = ["--weight-update-health-deadline", "3", "--enable-metrics"]
+    return start_module_server(tp=1, extra_args=deadline)
 
 
 def test_a_prepared_session_whose_trainer_died_keeps_the_worker_healthy(

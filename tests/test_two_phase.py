@@ -14,6 +14,7 @@ import pytest
 import requests
 import torch
 import torch.distributed as dist
+from conftest import KEYED_ADMIN_KEY
 
 from harness.cpu_sglang import free_port
 from harness.trainer import GlooTrainer, update_two_phase
@@ -486,8 +487,8 @@ def test_abort_while_waiting_for_bytes_that_never_come(server_tp1, model_weights
         trainer2.close()
 
 
-def test_admin_key_required(start_server, model_weights):
-    server = start_server(tp=1, extra_args=["--admin-api-key", "s3cret"])
+def test_admin_key_required(keyed_server, model_weights):
+    server = keyed_server
     payload = {"num_buckets": 1, "buckets": [GOOD], "group_name": "g"}
     for endpoint in (
         "/prepare_weights_update",
@@ -502,7 +503,9 @@ def test_admin_key_required(start_server, model_weights):
             timeout=30,
         )
         assert wrong.status_code == 401, endpoint
-    trainer = GlooTrainer([server.url], [1], group_name="keyed", admin_key="s3cret")
+    trainer = GlooTrainer(
+        [server.url], [1], group_name=f"keyed_{free_port()}", admin_key=KEYED_ADMIN_KEY
+    )
     try:
         (ok,) = update_two_phase(trainer, model_weights)
         assert ok.success

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import os
+import secrets
 import threading
 from typing import Any, Iterable, Optional, Sequence, TypeVar, Union
 
@@ -232,15 +233,18 @@ def destroy_weights_update_group(
     url: str,
     *,
     group_name: str = "weight_update_group",
+    session_id: Optional[str] = None,
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
 ) -> dict[str, Any]:
+    """`session_id`: while a session is open on the group, destroy it (and
+    abort the session) only if it is that one."""
     endpoint = "/destroy_weights_update_group"
     body = call(
         url,
         endpoint,
-        {"group_name": group_name},
+        _with_session({"group_name": group_name}, session_id),
         timeout=timeout,
         admin_key=admin_key,
         api_key=api_key,
@@ -461,6 +465,7 @@ def prepare_weights_update(
     load_format: Optional[str] = None,
     weight_version: Optional[str] = None,
     defer_digests: bool = False,
+    session_id: Optional[str] = None,
     timeout: float = 120.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
@@ -468,7 +473,9 @@ def prepare_weights_update(
     """Answers once the server's receiver runs: broadcast right after.
     `defer_digests`: the buckets carry no digest; the server records each
     bucket's as it lands and `complete_weights_update(digests=...)` brings
-    the sender's."""
+    the sender's. The answer's `session_id` names the session (`session_id`
+    here proposes one: `new_session_id()`, fresh for every prepare); pass it
+    to complete and abort, which then never touch another caller's session."""
     assert buckets, "an update needs at least one bucket"
     metadata = [
         b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets
@@ -483,6 +490,7 @@ def prepare_weights_update(
         load_format=load_format,
         weight_version=weight_version,
         defer_digests=defer_digests,
+        session_id=session_id,
     )
     endpoint = "/prepare_weights_update"
     body = call(
@@ -510,6 +518,7 @@ def complete_weights_update(
     drain: Optional[bool] = None,
     release_staging: bool = False,
     digests: Optional[Sequence[str]] = None,
+    session_id: Optional[str] = None,
     timeout: float = 600.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
@@ -517,7 +526,9 @@ def complete_weights_update(
     """Waits (server side, up to `wait_timeout`) for every bucket, verifies,
     applies unless `apply=False`. `digests`: one per bucket, in bucket order,
     after a prepare with `defer_digests` (the server applies nothing unless
-    every bucket matches). A failed complete raises EngineError."""
+    every bucket matches). `session_id`: prepare's; a complete naming a
+    session that is not the open one is a 409 that changes nothing. A failed
+    complete raises EngineError."""
     request = CompleteWeightsUpdateRequest(
         group_name=group_name,
         flush_cache=flush_cache,
@@ -527,6 +538,7 @@ def complete_weights_update(
         drain=drain,
         release_staging=release_staging,
         digests=None if digests is None else list(digests),
+        session_id=session_id,
     )
     endpoint = "/complete_weights_update"
     body = call(
@@ -546,20 +558,34 @@ def abort_weights_update(
     url: str,
     *,
     group_name: str = "weight_update_group",
+    session_id: Optional[str] = None,
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
 ) -> AbortWeightsUpdateResponse:
+    """`session_id`: prepare's; an abort naming a session that is not the
+    open one is a 409 that changes nothing. Without it the open session of
+    `group_name` is aborted, whoever opened it."""
     endpoint = "/abort_weights_update"
     body = call(
         url,
         endpoint,
-        {"group_name": group_name},
+        _with_session({"group_name": group_name}, session_id),
         timeout=timeout,
         admin_key=admin_key,
         api_key=api_key,
     )
     return _parse(url, endpoint, AbortWeightsUpdateResponse, _ok(url, endpoint, body))
+
+
+def new_session_id() -> str:
+    """A fresh, unguessable session id for `prepare_weights_update`."""
+    return secrets.token_urlsafe(18)
+
+
+def _with_session(body: dict[str, Any], session_id: Optional[str]) -> dict[str, Any]:
+    # Sent only when set: servers without session ids see today's body.
+    return body if session_id is None else {**body, "session_id": session_id}
 
 
 # --- capability discovery (rlsync series) ------------------------------------

@@ -67,6 +67,8 @@ class PrepareWeightsUpdateRequest:
     # The buckets carry no digest: the server records each bucket's digest as
     # it lands, and the first complete brings the sender's (`digests`).
     defer_digests: bool = False
+    # The session's id; None: the server chooses one (the answer has it)
+    session_id: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = dict(
@@ -79,6 +81,8 @@ class PrepareWeightsUpdateRequest:
             body["weight_version"] = self.weight_version
         if self.defer_digests:  # omitted by default: older servers see today's body
             body["defer_digests"] = True
+        if self.session_id is not None:
+            body["session_id"] = self.session_id
         return body
 
 
@@ -89,6 +93,7 @@ class PrepareWeightsUpdateResponse:
     num_bytes: int = 0
     staging_reused: bool = False
     staging_bytes: Optional[int] = None  # the staging the engine holds for it
+    session_id: Optional[str] = None  # the session opened (servers with ids)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -109,6 +114,8 @@ class CompleteWeightsUpdateRequest:
     # One "psum61:..." per bucket, in bucket order, after a prepare with
     # `defer_digests`: nothing applies unless every bucket matches.
     digests: Optional[list[str]] = None
+    # The session to complete (prepare's); another open session is left alone
+    session_id: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return _drop_none(dataclasses.asdict(self))
@@ -120,6 +127,8 @@ class RankResult:
     success: bool
     message: str = ""
     dp_rank: Optional[int] = None  # with data parallelism
+    # Whether this rank applied the update (a complete's apply); None elsewhere
+    applied: Optional[bool] = None
 
 
 @dataclass
@@ -130,6 +139,7 @@ class CompleteWeightsUpdateResponse:
     applied: bool = False
     ready_to_apply: bool = False
     weight_version: Optional[str] = None  # the served version, once applied
+    session_id: Optional[str] = None  # the session completed or still open
     stats: dict[str, Any] = field(default_factory=dict)
     rank_results: list[RankResult] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
@@ -147,12 +157,13 @@ class CompleteWeightsUpdateResponse:
 def _rank_result(r: Any) -> RankResult:
     if not isinstance(r, dict) or "rank" not in r or "success" not in r:
         raise ProtocolError(f"rank_results: malformed entry {r!r}")
-    dp_rank = r.get("dp_rank")
+    dp_rank, applied = r.get("dp_rank"), r.get("applied")
     return RankResult(
         int(r["rank"]),
         bool(r["success"]),
         str(r.get("message", "")),
         None if dp_rank is None else int(dp_rank),
+        None if applied is None else bool(applied),
     )
 
 
@@ -161,6 +172,7 @@ class AbortWeightsUpdateResponse:
     success: bool
     message: str = ""
     group_usable: bool = True  # False: re-initialise the group
+    session_id: Optional[str] = None  # the session aborted
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -38,7 +38,7 @@ from rlsync import client
 from rlsync.digest import digest_bytes, digest_tensors
 from rlsync.group import GroupJoin, leave_update_group
 from rlsync.planner import Bucket, BucketPlan, SpecLike, TensorSpec, plan_spec_buckets
-from rlsync.protocol import CompleteWeightsUpdateResponse
+from rlsync.protocol import CompleteWeightsUpdateResponse, ProtocolError
 from rlsync.stream import (
     AsyncTensorPull,
     TensorItem,
@@ -134,7 +134,8 @@ class EngineOutcome:
     applied: bool
     message: str
     weight_version: Optional[str] = None
-    # The engine's own answer (rank results, stats), None when the call failed.
+    # The engine's own answer (rank results, stats); for a call that failed,
+    # its error answer where it sent one, else None.
     answer: Optional[CompleteWeightsUpdateResponse] = None
 
     @property
@@ -153,7 +154,7 @@ class EngineOutcome:
     def ready_to_apply(self) -> bool:
         """Every byte arrived and checked out; the engine's session is open
         for an apply (`sync(apply=False)`)."""
-        return self.answer is not None and self.answer.ready_to_apply
+        return self.answered and self.answer is not None and self.answer.ready_to_apply
 
     @property
     def received(self) -> bool:
@@ -173,6 +174,9 @@ class SyncResult:
     # The buckets carried digests that every engine compared before it
     # applied (or answered ready to apply): `WeightSender(digests=True)`.
     digests: bool = True
+    # The sync's session on every engine (engines that name sessions): pass
+    # it to complete or abort a session that `sync(apply=False)` left open.
+    session_id: Optional[str] = None
 
     @property
     def gbps(self) -> float:
@@ -209,6 +213,11 @@ class SyncError(RuntimeError):
         self.result = result
 
 
+def _session(session_id: Optional[str]) -> dict[str, str]:
+    """The `session_id` argument, passed only where there is one."""
+    return {} if session_id is None else {"session_id": session_id}
+
+
 def _answered_an_error(exc: BaseException) -> bool:
     """The engine refused the call with an HTTP error status."""
     return isinstance(exc, client.EngineError) and (exc.status or 0) >= 400
@@ -231,7 +240,11 @@ def _outcome(
         body = body if isinstance(body, dict) else {}
         applied = body.get("applied") is True
         version = (body.get("weight_version") or weight_version) if applied else None
-        return EngineOutcome(engine.url, False, applied, str(res), version)
+        try:  # the rank results of an error answer say which rank failed
+            answer = CompleteWeightsUpdateResponse.from_json(body) if body else None
+        except ProtocolError:
+            answer = None
+        return EngineOutcome(engine.url, False, applied, str(res), version, answer)
     assert isinstance(res, CompleteWeightsUpdateResponse), res
     version = (res.weight_version or weight_version) if res.applied else None
     return EngineOutcome(
@@ -440,6 +453,9 @@ def broadcast_tensors(
 REQUIRED_FEATURES = ("two_phase_weight_update",)
 # What a streamed sync needs of every engine: digests sent with complete.
 STREAMING_FEATURE = "shard_staging"
+# Engines with it name each sync's session, so that a late call from this
+# sender (or another trainer's) never completes or aborts another session.
+SESSION_ID_FEATURE = "session_ids"
 FLATTENED = "flattened_bucket"
 # Seconds connect() waits for the trainer's torn-down join before it raises.
 JOIN_GRACE = 10.0
@@ -488,8 +504,12 @@ class WeightSender:
         # Each engine's /rlsync_info features, read by connect().
         self.features: dict[str, list[str]] = {}
         # Engines whose session a failed sync may have left open because its
-        # abort failed too: the next sync aborts them again before preparing.
-        self._stale: set[str] = set()
+        # abort failed too (URL -> that session's id): the next sync aborts
+        # them again before preparing.
+        self._stale: dict[str, Optional[str]] = {}
+        # The session of the sync in progress (or last run), where every
+        # engine names sessions.
+        self.session_id: Optional[str] = None
         self._warned_unverified = False
         self._pool = cf.ThreadPoolExecutor(max_workers=max(4, 2 * len(engines)))
 
@@ -602,39 +622,49 @@ class WeightSender:
                 return refused
         return []
 
-    def _abort_all(self, engines=None) -> list[str]:
-        """Abort the session on each of `engines` (default: all); what went
-        wrong, if anything. An engine without a session answers 409: there
-        was nothing to close (a failed complete discarded it, or the engine
-        applied), which is fine. An engine whose abort failed is aborted
-        again before the next sync prepares."""
+    def _abort_all(
+        self, engines=None, session_ids: Optional[dict[str, Optional[str]]] = None
+    ) -> list[str]:
+        """Abort the session on each of `engines` (default: all), this sync's
+        (or `session_ids[url]`); what went wrong, if anything. An engine
+        without that session answers 409: there was nothing to close (a
+        failed complete discarded it, or the engine applied), which is fine.
+        An engine whose abort failed is aborted again before the next sync
+        prepares."""
         notes = []
+
+        def session_of(engine: Engine) -> Optional[str]:
+            if session_ids is not None:
+                return session_ids.get(engine.url)
+            return self.session_id
+
         for engine, res in self._each(
             lambda e: client.abort_weights_update(
-                e.url, group_name=self.group_name, **e.keys
+                e.url, group_name=self.group_name, **_session(session_of(e)), **e.keys
             ),
             engines,
         ):
             if isinstance(res, client.EngineError) and res.status == 409:
-                self._stale.discard(engine.url)
+                self._stale.pop(engine.url, None)
                 body = res.body if isinstance(res.body, dict) else {}
                 if body.get("group_usable") is False:
                     notes.append(f"{engine.url}: group must be re-initialised")
             elif isinstance(res, Exception):
-                self._stale.add(engine.url)
+                self._stale[engine.url] = session_of(engine)
                 notes.append(f"{engine.url}: abort failed: {res}")
             else:
-                self._stale.discard(engine.url)
+                self._stale.pop(engine.url, None)
                 if not res.group_usable:
                     notes.append(f"{engine.url}: group must be re-initialised")
         return notes
 
     def _abort_stale(self) -> None:
         """Before a sync: abort the sessions an earlier failed sync could not."""
+        urls = {e.url for e in self.engines}
+        self._stale = {u: s for u, s in self._stale.items() if u in urls}
         stale = [e for e in self.engines if e.url in self._stale]
-        self._stale.intersection_update(e.url for e in self.engines)
         if stale:
-            notes = self._abort_all(stale)
+            notes = self._abort_all(stale, dict(self._stale))
             logger.warning(
                 "rlsync sync: aborted the sessions a failed sync left open on "
                 "%s (%s)",
@@ -798,6 +828,8 @@ class WeightSender:
         if not self.digests and (atomic or not apply):
             self._warn_unverified()
         self._abort_stale()
+        self.session_id = self._new_session_id()
+        session = _session(self.session_id)
         meta = [
             plan.metadata(None if prepare_digests is None else prepare_digests[i])
             for i, plan in enumerate(plans)
@@ -815,6 +847,7 @@ class WeightSender:
                 weight_version=weight_version,
                 engines=outcomes,
                 digests=self.digests,
+                session_id=self.session_id,
             )
 
         # Passed only when set: a sync with prepare-time digests makes the
@@ -828,6 +861,7 @@ class WeightSender:
                 load_format=self.load_format,
                 weight_version=weight_version,
                 **defer,
+                **session,
                 **e.keys,
             )
         )
@@ -875,6 +909,7 @@ class WeightSender:
                     group_name=self.group_name,
                     apply=False,
                     **digests,
+                    **session,
                     **self._complete_timeouts,
                     **e.keys,
                 )
@@ -901,6 +936,7 @@ class WeightSender:
                 flush_cache=flush_cache,
                 apply=apply,
                 **digests,
+                **session,
                 **self._complete_timeouts,
                 **e.keys,
             )
@@ -960,6 +996,14 @@ class WeightSender:
                 "checks that every byte arrived on every rank, not what the "
                 "bytes are; corrupted bytes would be applied"
             )
+
+    def _new_session_id(self) -> Optional[str]:
+        """A fresh id for this sync's sessions where every engine takes one."""
+        if self.features and all(
+            SESSION_ID_FEATURE in self.features.get(e.url, ()) for e in self.engines
+        ):
+            return client.new_session_id()
+        return None
 
     def _require_streaming(self) -> None:
         """An engine of an older series takes digests with prepare only."""

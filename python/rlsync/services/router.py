@@ -39,6 +39,7 @@ import collections
 import logging
 import math
 import os
+import secrets
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Optional, Union
@@ -402,6 +403,10 @@ class Router:
                 self.admin_lock.release()
 
     def _bodies(self, path: str, body: Any, targets: list[Worker]) -> list[Any]:
+        if path == "/prepare_weights_update" and "session_id" not in body:
+            # One session id on every worker: the caller completes or aborts
+            # it with the id the merged answer carries.
+            return [{**body, "session_id": secrets.token_urlsafe(18)}] * len(targets)
         if path != "/init_weights_update_group":
             return [body] * len(targets)
         # The group spans the trainer and the live workers, in worker order.

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
@@ -85,12 +86,18 @@ DEFAULT_COMPLETE_TIMEOUT = 300.0
 # How long an idle scheduler waits on its sockets while a receive runs; a
 # request wakes it at once.
 _IDLE_POLL_MS = 50
+# Ended sessions remembered (id -> how it ended): a late call naming one is
+# told so, and a prepare may not reuse its id.
+_ENDED_SESSIONS_KEPT = 1024
 
 
 @dataclass
 class _Session:
     group_name: str
     receiver: StagedWeightReceiver
+    # Chosen by the tokenizer manager (or the caller) at prepare; complete,
+    # abort and destroy that name another session change nothing.
+    session_id: Optional[str] = None
     weight_version: Optional[str] = None
     verified: bool = False
     shadow: Optional[ShadowParameters] = None
@@ -131,9 +138,19 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     # worker threads, which block until the peer sends or goes away.
     _abandoned_update_groups: Optional[List] = None
     _receive_idle_poller: Optional[zmq.Poller] = None
+    _ended_sessions: Optional[OrderedDict] = None
 
-    def _end_two_phase_session(self: Scheduler, release: bool) -> None:
+    def _end_two_phase_session(
+        self: Scheduler, release: bool, outcome: str = APPLIED
+    ) -> None:
         """Close the session (every TP rank calls this at the same point)."""
+        session = self._two_phase_session
+        if session is not None and session.session_id is not None:
+            if self._ended_sessions is None:
+                self._ended_sessions = OrderedDict()
+            self._ended_sessions[session.session_id] = outcome
+            while len(self._ended_sessions) > _ENDED_SESSIONS_KEPT:
+                self._ended_sessions.popitem(last=False)
         self._two_phase_session = None
         if release:
             if self._two_phase_pool is not None:
@@ -165,6 +182,30 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     def _open_session_group(self: Scheduler) -> Optional[str]:
         session = self._two_phase_session
         return None if session is None else session.group_name
+
+    def two_phase_session_fence(
+        self: Scheduler, session_id: Optional[str], operation: str
+    ) -> Optional[str]:
+        """Why a call naming `session_id` may not run `operation`: it names a
+        session that is not the open one (a late or stale caller). None when
+        it names the open one, or names none (the caller's own risk)."""
+        if session_id is None:
+            return None
+        session = self._two_phase_session
+        if session is not None and session.session_id == session_id:
+            return None
+        ended = (self._ended_sessions or {}).get(session_id)
+        what = (
+            f"session '{session_id}' has ended ({ended})"
+            if ended is not None
+            else f"no session '{session_id}' was opened on this server"
+        )
+        if session is None:
+            return f"session_id: {what}; no session is open, nothing to {operation}"
+        return (
+            f"session_id: {what}; the open session is '{session.session_id}' on "
+            f"group '{session.group_name}' and stays as it is: did not {operation}"
+        )
 
     def maybe_yield_to_weight_receiver(self: Scheduler) -> None:
         """Without --sleep-on-idle an idle scheduler polls its sockets in a
@@ -257,6 +298,13 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                     status_code=409,
                 )
             self._refuse_beside_release_session()
+            if recv_req.session_id in (self._ended_sessions or {}):
+                raise WeightsUpdateError(
+                    f"session_id: '{recv_req.session_id}' named an earlier "
+                    f"session; prepare with a new one (or none: the server "
+                    f"chooses)",
+                    status_code=409,
+                )
             group = self._update_groups.get(recv_req.group_name)
             if group is None:
                 raise WeightsUpdateError(
@@ -322,8 +370,17 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         self._begin_release_session()
         receiver.start()
         self._two_phase_session = _Session(
-            recv_req.group_name, receiver, recv_req.weight_version, shadow=shadow
+            recv_req.group_name,
+            receiver,
+            recv_req.session_id,
+            recv_req.weight_version,
+            shadow=shadow,
         )
+        if self.tp_rank == 0:
+            logger.info(
+                f"Weight update session {recv_req.session_id} opened on group "
+                f"'{recv_req.group_name}': {len(receiver.buckets)} buckets"
+            )
         metrics = self._sync_metrics()
         if metrics is not None:
             metrics.session_open(True)
@@ -333,6 +390,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             message="",
             num_bytes=receiver.total_bytes,
             staging_reused=receiver.stats.staging_reused,
+            session_id=recv_req.session_id,
             staging_bytes=max(r["staging_bytes"] for r in results),
             rank_staging_bytes=[
                 {k: r[k] for k in ("dp_rank", "rank", "staging_bytes") if k in r}
@@ -358,12 +416,22 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                     session.serving_stall_seconds,
                 )
         output.session_open = self._two_phase_session is not None
+        if session is not None and output.status_code != 409:
+            output.session_id = session.session_id
         return output
 
     def _complete_weights_update(
         self: Scheduler, recv_req: CompleteWeightsUpdateReqInput
     ) -> CompleteWeightsUpdateReqOutput:
         session = self._two_phase_session
+        fenced = self.two_phase_session_fence(recv_req.session_id, "complete")
+        if fenced:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message=fenced,
+                status_code=409,
+                open_session_group=self._open_session_group(),
+            )
         if session is None:
             return CompleteWeightsUpdateReqOutput(
                 success=False,
@@ -523,46 +591,47 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             if problem is not None:
                 raise WeightsUpdateError(f"nothing applied: {problem}")
             session.shadow.apply()
-            local = {"success": True, "message": ""}
+            local = {"success": True, "message": "", "applied": True}
         except Exception as e:
             logger.exception("complete_weights_update: apply failed")
             local = {
                 "success": False,
+                "applied": False,
                 "reason": APPLY_ERROR,
                 "message": f"apply failed: {e}; the weights may be partially "
                 f"updated, reload them",
             }
         stats["apply_seconds"] = time.perf_counter() - t2
-        flushed = None
-        if recv_req.flush_cache and local["success"]:
-            flushed = self.flush_cache()
-            if not flushed:
-                local = {
-                    "success": False,
-                    "reason": CACHE_FLUSH_ERROR,
-                    "message": "applied, but the cache flush failed: cached "
-                    "prefixes may still hold the old weights' KV; call /flush_cache",
-                }
+        if recv_req.flush_cache and local["applied"] and not self.flush_cache():
+            local.update(
+                success=False,
+                reason=CACHE_FLUSH_ERROR,
+                message="applied, but the cache flush failed: cached prefixes "
+                "may still hold the old weights' KV; call /flush_cache",
+            )
+        # What every rank did, the same answer on every rank: the weights
+        # changed only if every rank applied, whatever this rank saw.
         results = gather_from_tp_ranks(self, local)
         failed = [r for r in results if not r["success"]]
-        applied = not failed or flushed is False
+        applied = all(r["applied"] for r in results)
         if applied:
             self._record_applied_version(
                 recv_req.weight_version or session.weight_version
             )
         if failed:
-            self._record_sync_end(session, FAILED, failed[0].get("reason", APPLY_ERROR))
+            self._record_sync_end(session, FAILED, failed[0]["reason"])
         else:
             self._record_sync_end(session, APPLIED)
-        self._end_two_phase_session(release=recv_req.release_staging)
+        ended = APPLIED if applied else f"{FAILED}: {failed[0]['reason']}"
+        self._end_two_phase_session(recv_req.release_staging, ended)
         return CompleteWeightsUpdateReqOutput(
             success=not failed,
             num_buckets_received=num_received,
             message=(
-                _join_messages(failed, self.tp_size)
+                _apply_failure_message(results, self.tp_size)
                 if failed
                 else f"applied {num_received} buckets"
-                + (" and flushed the cache" if flushed else "")
+                + (" and flushed the cache" if recv_req.flush_cache else "")
             ),
             status_code=500 if failed else 200,
             ready_to_apply=False,
@@ -593,7 +662,9 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 torch.distributed.destroy_process_group(group)
                 abandoned.append((group, list(session.receiver.pending_works)))
         self._abandoned_update_groups = abandoned
-        self._end_two_phase_session(release=True)
+        self._end_two_phase_session(
+            True, f"{outcome}: {reason}" if outcome == FAILED else outcome
+        )
         return usable
 
     def two_phase_session_conflict(
@@ -639,6 +710,15 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         self: Scheduler, recv_req: AbortWeightsUpdateReqInput
     ) -> AbortWeightsUpdateReqOutput:
         session = self._two_phase_session
+        fenced = self.two_phase_session_fence(recv_req.session_id, "abort")
+        if fenced:
+            return AbortWeightsUpdateReqOutput(
+                success=False,
+                message=fenced,
+                status_code=409,
+                group_usable=recv_req.group_name in self._update_groups,
+                open_session_group=self._open_session_group(),
+            )
         if session is None:
             groups = self._update_groups
             return AbortWeightsUpdateReqOutput(
@@ -665,7 +745,10 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 f"destroyed: call /init_weights_update_group again"
             )
         return AbortWeightsUpdateReqOutput(
-            success=True, message=message, group_usable=usable
+            success=True,
+            message=message,
+            group_usable=usable,
+            session_id=session.session_id,
         )
 
 
@@ -743,6 +826,21 @@ def _join_messages(failed: List[Dict], tp_size: int) -> str:
     return f"rank(s) {ranks}: " + " | ".join(messages)
 
 
+def _apply_failure_message(results: List[Dict], tp_size: int) -> str:
+    """Why an apply failed, and whether the weights changed: on every rank,
+    on none, or (an apply that failed on some ranks only) on some."""
+    failed = [r for r in results if not r["success"]]
+    message = _join_messages(failed, tp_size)
+    applied = [r for r in results if r["applied"]]
+    if applied and len(applied) < len(results):
+        ranks = ",".join(str(r["rank"]) for r in applied)
+        message = (
+            f"the weights are mixed: rank(s) {ranks} applied the update and "
+            f"the others did not; reload the weights. {message}"
+        )
+    return message
+
+
 def _rank_summary(results: List[Dict]) -> List[Dict[str, Any]]:
-    keys = ("dp_rank", "rank", "success", "message")
+    keys = ("dp_rank", "rank", "success", "applied", "message")
     return [{k: r[k] for k in keys if k in r} for r in results]

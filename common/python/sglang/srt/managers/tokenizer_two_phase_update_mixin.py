@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import secrets
 import time
 from typing import TYPE_CHECKING, Any, List, Optional
 
@@ -61,6 +62,10 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             return PrepareWeightsUpdateReqOutput(
                 status="error", message=unsupported, status_code=400
             )
+        if obj.session_id is None:
+            # One id for every DP replica's session: unguessable, so a late
+            # call from another trainer cannot name this session by chance.
+            obj = _replaced(obj, session_id=secrets.token_urlsafe(18))
         # An open session is not a running operation for the health check:
         # serving goes on while the bytes arrive, and a trainer that died
         # after prepare must not make a serving worker unhealthy.
@@ -79,7 +84,9 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             # Validation is the same on every DP replica, so this is rare:
             # leave no replica with a session the others lack.
             await self.abort_weights_update_communicator(
-                AbortWeightsUpdateReqInput(group_name=obj.group_name)
+                AbortWeightsUpdateReqInput(
+                    group_name=obj.group_name, session_id=obj.session_id
+                )
             )
         return failed[0]
 
@@ -159,7 +166,7 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             if failed:
                 if not all(r.session_open for r in failed):
                     # A replica discarded its transfer: discard it everywhere.
-                    await self._abort_sessions_left_open(results, obj.group_name)
+                    await self._abort_sessions_left_open(results, obj)
                 return _merge_complete(results)
             if not any(r.pending for r in results):
                 break
@@ -181,11 +188,18 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         return _merge_complete(await self.complete_weights_update_communicator(apply))
 
     async def _abort_sessions_left_open(
-        self: TokenizerManager, results: List, group_name: str
+        self: TokenizerManager,
+        results: List[CompleteWeightsUpdateReqOutput],
+        obj: CompleteWeightsUpdateReqInput,
     ) -> None:
         if any(r.session_open for r in results):
+            session_id = obj.session_id or next(
+                (r.session_id for r in results if r.session_id), None
+            )
             await self.abort_weights_update_communicator(
-                AbortWeightsUpdateReqInput(group_name=group_name)
+                AbortWeightsUpdateReqInput(
+                    group_name=obj.group_name, session_id=session_id
+                )
             )
 
     @track_weight_update("abort_weights_update")
@@ -239,5 +253,6 @@ def _merge_complete(
         applied=applied,
         weight_version=first.weight_version if applied else None,
         session_open=any(r.session_open for r in results),
+        session_id=next((r.session_id for r in results if r.session_id), None),
         rank_results=rank_results_of(results),
     )

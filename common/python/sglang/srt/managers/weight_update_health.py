@@ -50,9 +50,17 @@ class WeightUpdateOperation:
     name: str
     started: float
     deadline: float
+    # The two-phase session the call named, if any
+    session_id: Optional[str] = None
 
     def age(self, now: float) -> float:
         return now - self.started
+
+    @property
+    def label(self) -> str:
+        if self.session_id is None:
+            return self.name
+        return f"{self.name} of session {self.session_id}"
 
 
 class WeightUpdateTracker:
@@ -64,7 +72,12 @@ class WeightUpdateTracker:
             weight_update_health_metrics() if enable_metrics else None
         )
 
-    def begin(self, name: str, timeout: Optional[float] = None) -> int:
+    def begin(
+        self,
+        name: str,
+        timeout: Optional[float] = None,
+        session_id: Optional[str] = None,
+    ) -> int:
         # The operator's deadline bounds every operation; an operation's own
         # timeout can only shorten it.
         deadline = self.default_deadline
@@ -72,7 +85,10 @@ class WeightUpdateTracker:
             deadline = min(deadline, timeout + _TIMEOUT_GRACE_S)
         op_id = next(self._ids)
         self._operations[op_id] = WeightUpdateOperation(
-            name=name, started=time.monotonic(), deadline=deadline
+            name=name,
+            started=time.monotonic(),
+            deadline=deadline,
+            session_id=session_id,
         )
         if self.metrics is not None:
             self.metrics.began(name)
@@ -84,8 +100,13 @@ class WeightUpdateTracker:
             self.metrics.ended(op.name)
 
     @contextmanager
-    def track(self, name: str, timeout: Optional[float] = None) -> Iterator[None]:
-        op_id = self.begin(name, timeout)
+    def track(
+        self,
+        name: str,
+        timeout: Optional[float] = None,
+        session_id: Optional[str] = None,
+    ) -> Iterator[None]:
+        op_id = self.begin(name, timeout, session_id)
         try:
             yield
         finally:
@@ -119,7 +140,11 @@ def track_weight_update(name: str):
             if tracker is None:
                 return await func(self, *args, **kwargs)
             obj = args[0] if args else kwargs.get("obj")
-            with tracker.track(name, timeout=getattr(obj, "timeout", None)):
+            with tracker.track(
+                name,
+                timeout=getattr(obj, "timeout", None),
+                session_id=getattr(obj, "session_id", None),
+            ):
                 return await func(self, *args, **kwargs)
 
         return wrapper
@@ -140,13 +165,13 @@ def weight_update_health_response(tokenizer_manager) -> Optional[Response]:
     if not stuck:
         now = time.monotonic()
         running = ", ".join(
-            f"{op.name} ({op.age(now):.1f}s)" for op in tracker.operations()
+            f"{op.label} ({op.age(now):.1f}s)" for op in tracker.operations()
         )
         return Response(
             content=f"weight update in progress: {running}", status_code=200
         )
     message = "; ".join(
-        f"weight update operation '{op.name}' has run for {age:.1f}s, "
+        f"weight update operation '{op.label}' has run for {age:.1f}s, "
         f"past its deadline of {op.deadline:.1f}s"
         for op, age in stuck
     )

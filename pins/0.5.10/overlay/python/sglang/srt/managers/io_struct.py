@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import uuid
 from abc import ABC
 from collections import Counter
@@ -1415,6 +1416,19 @@ def check_group_name(value: Any, name: str = "group_name") -> None:
         raise ValueError(f"{name}: must be at most 256 printable characters")
 
 
+def check_session_id(value: Any) -> None:
+    """A weight update session's id, where one is given: 16 to 128 URL-safe
+    characters (letters, digits, '-', '_'), so it is hard to guess and safe
+    in logs and answers."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_-]{16,128}", value):
+        raise ValueError(
+            "session_id: must be 16 to 128 characters of letters, digits, '-' "
+            "and '_'"
+        )
+
+
 @dataclass
 class InitWeightsUpdateGroupReqInput(BaseReq):
     # The master address
@@ -1462,9 +1476,13 @@ class PrepareWeightsUpdateReqInput(BaseReq):
     # The sender digests each bucket just before sending it and sends the
     # digests with complete: every bucket's digest is recorded as it lands
     defer_digests: StrictBool = False
+    # The session's id (None: the server chooses one); prepare answers it,
+    # and complete, abort and destroy that name another session are refused
+    session_id: Optional[StrictStr] = None
 
     def __post_init__(self):
         check_group_name(self.group_name)
+        check_session_id(self.session_id)
 
 
 @dataclass
@@ -1480,6 +1498,8 @@ class PrepareWeightsUpdateReqOutput(BaseReq):
     # parameters plus its bucket buffers; and on every rank
     staging_bytes: int = 0
     rank_staging_bytes: List[Dict[str, Any]] = field(default_factory=list)
+    # The session opened (complete, abort and destroy may name it)
+    session_id: Optional[str] = None
 
 
 @dataclass
@@ -1502,10 +1522,13 @@ class CompleteWeightsUpdateReqInput(BaseReq):
     # Internal: the longest the scheduler may block per attempt; the tokenizer
     # manager retries until `timeout`, so batches run while bytes arrive
     scheduler_wait_s: Optional[float] = None
+    # The session to complete; refused (409, nothing changed) if another is open
+    session_id: Optional[StrictStr] = None
 
     def __post_init__(self):
         check_timeout_seconds(self.timeout)
         check_group_name(self.group_name)
+        check_session_id(self.session_id)
 
 
 @dataclass
@@ -1526,14 +1549,19 @@ class CompleteWeightsUpdateReqOutput(BaseReq):
     pending: bool = False
     stats: Dict[str, Any] = field(default_factory=dict)
     rank_results: List[Dict[str, Any]] = field(default_factory=list)
+    # The session the call completed (or that stays open)
+    session_id: Optional[str] = None
 
 
 @dataclass
 class AbortWeightsUpdateReqInput(BaseReq):
     group_name: StrictStr = "weight_update_group"
+    # The session to abort; refused (409, nothing changed) if another is open
+    session_id: Optional[StrictStr] = None
 
     def __post_init__(self):
         check_group_name(self.group_name)
+        check_session_id(self.session_id)
 
 
 @dataclass
@@ -1545,11 +1573,18 @@ class AbortWeightsUpdateReqOutput(BaseReq):
     group_usable: bool = True
     # A refusal because a session of another group is open: that group
     open_session_group: Optional[str] = None
+    # The session aborted
+    session_id: Optional[str] = None
 
 
 @dataclass
 class DestroyWeightsUpdateGroupReqInput(BaseReq):
     group_name: str = "weight_update_group"
+    # With an open session on the group: destroy only if it is this one
+    session_id: Optional[str] = None
+
+    def __post_init__(self):
+        check_session_id(self.session_id)
 
 
 @dataclass

@@ -19,4 +19,6 @@ FEATURES = (
     "fused_cuda_digest",
     "sync_metrics",
     "shard_staging",
+    "apply_outcome_of_every_rank",
+    "session_ids",
 )

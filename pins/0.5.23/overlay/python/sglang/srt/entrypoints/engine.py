@@ -1716,14 +1716,17 @@ class Engine(EngineScoreMixin, EngineBase):
         weight_version: Optional[str] = None,
         apply: bool = True,
         timeout: Optional[float] = None,
+        session_id: Optional[str] = None,
     ) -> Dict[str, Any]:
-        """Two-phase update, phase 2: wait for every bucket, verify, apply."""
+        """Two-phase update, phase 2: wait for every bucket, verify, apply.
+        `session_id` (prepare's answer): complete only that session."""
         obj = CompleteWeightsUpdateReqInput(
             group_name=group_name,
             flush_cache=flush_cache,
             weight_version=weight_version,
             apply=apply,
             timeout=timeout,
+            session_id=session_id,
         )
         result = self.loop.run_until_complete(
             self.tokenizer_manager.complete_weights_update(obj, None)
@@ -1731,10 +1734,11 @@ class Engine(EngineScoreMixin, EngineBase):
         return two_phase_response_content(result)
 
     def abort_weights_update(
-        self, group_name: str = "weight_update_group"
+        self, group_name: str = "weight_update_group", session_id: Optional[str] = None
     ) -> Dict[str, Any]:
-        """Discard an open two-phase update; the served weights are untouched."""
-        obj = AbortWeightsUpdateReqInput(group_name=group_name)
+        """Discard an open two-phase update; the served weights are untouched.
+        `session_id` (prepare's answer): abort only that session."""
+        obj = AbortWeightsUpdateReqInput(group_name=group_name, session_id=session_id)
         result = self.loop.run_until_complete(
             self.tokenizer_manager.abort_weights_update(obj, None)
         )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import re
 import pickle
 import uuid
 from array import array
@@ -2193,6 +2194,19 @@ def check_group_name(value: Any, name: str = "group_name") -> None:
         raise ValueError(f"{name}: must be at most 256 printable characters")
 
 
+def check_session_id(value: Any) -> None:
+    """A weight update session's id, where one is given: 16 to 128 URL-safe
+    characters (letters, digits, '-', '_'), so it is hard to guess and safe
+    in logs and answers."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_-]{16,128}", value):
+        raise ValueError(
+            "session_id: must be 16 to 128 characters of letters, digits, '-' "
+            "and '_'"
+        )
+
+
 class PrepareWeightsUpdateReqInput(BaseReq, kw_only=True):
     # Metadata of every bucket of the update: names, dtypes, shapes and an
     # optional sender digest ("psum61:..."), validated before any byte moves
@@ -2208,9 +2222,13 @@ class PrepareWeightsUpdateReqInput(BaseReq, kw_only=True):
     # The sender digests each bucket just before sending it and sends the
     # digests with complete: every bucket's digest is recorded as it lands
     defer_digests: StrictBool = False
+    # The session's id (None: the server chooses one); prepare answers it,
+    # and complete, abort and destroy that name another session are refused
+    session_id: Optional[StrictStr] = None
 
     def __post_init__(self):
         check_group_name(self.group_name)
+        check_session_id(self.session_id)
 
 
 class PrepareWeightsUpdateReqOutput(BaseReq, kw_only=True):
@@ -2225,6 +2243,8 @@ class PrepareWeightsUpdateReqOutput(BaseReq, kw_only=True):
     # parameters plus its bucket buffers; and on every rank
     staging_bytes: int = 0
     rank_staging_bytes: List[Dict[str, Any]] = msgspec.field(default_factory=list)
+    # The session opened (complete, abort and destroy may name it)
+    session_id: Optional[str] = None
 
 
 class CompleteWeightsUpdateReqInput(BaseReq, kw_only=True):
@@ -2246,10 +2266,13 @@ class CompleteWeightsUpdateReqInput(BaseReq, kw_only=True):
     # Internal: the longest the scheduler may block per attempt; the tokenizer
     # manager retries until `timeout`, so batches run while bytes arrive
     scheduler_wait_s: Optional[float] = None
+    # The session to complete; refused (409, nothing changed) if another is open
+    session_id: Optional[StrictStr] = None
 
     def __post_init__(self):
         check_timeout_seconds(self.timeout)
         check_group_name(self.group_name)
+        check_session_id(self.session_id)
 
 
 class CompleteWeightsUpdateReqOutput(BaseReq, kw_only=True):
@@ -2269,13 +2292,18 @@ class CompleteWeightsUpdateReqOutput(BaseReq, kw_only=True):
     pending: bool = False
     stats: Dict[str, Any] = msgspec.field(default_factory=dict)
     rank_results: List[Dict[str, Any]] = msgspec.field(default_factory=list)
+    # The session the call completed (or that stays open)
+    session_id: Optional[str] = None
 
 
 class AbortWeightsUpdateReqInput(BaseReq, kw_only=True):
     group_name: StrictStr = "weight_update_group"
+    # The session to abort; refused (409, nothing changed) if another is open
+    session_id: Optional[StrictStr] = None
 
     def __post_init__(self):
         check_group_name(self.group_name)
+        check_session_id(self.session_id)
 
 
 class AbortWeightsUpdateReqOutput(BaseReq, kw_only=True):
@@ -2286,10 +2314,17 @@ class AbortWeightsUpdateReqOutput(BaseReq, kw_only=True):
     group_usable: bool = True
     # A refusal because a session of another group is open: that group
     open_session_group: Optional[str] = None
+    # The session aborted
+    session_id: Optional[str] = None
 
 
 class DestroyWeightsUpdateGroupReqInput(BaseReq, kw_only=True):
     group_name: str = "weight_update_group"
+    # With an open session on the group: destroy only if it is this one
+    session_id: Optional[str] = None
+
+    def __post_init__(self):
+        check_session_id(self.session_id)
 
 
 class DestroyWeightsUpdateGroupReqOutput(BaseReq, kw_only=True):

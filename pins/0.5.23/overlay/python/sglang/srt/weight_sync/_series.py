@@ -18,4 +18,6 @@ FEATURES = (
     "sync_metrics",
     "data_parallel_weight_update",
     "shard_staging",
+    "apply_outcome_of_every_rank",
+    "session_ids",
 )
