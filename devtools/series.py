@@ -559,10 +559,11 @@ def check_common(layout: Layout, built: Path, files: list[str]) -> list[str]:
 
 
 # Modules of the series that the trainer library carries as generated copies
-# (standard library only): copy -> overlay source. `make overlay` writes them;
-# `make check` fails on drift. Edit the source in build/<version>/work, never
-# the copy.
+# (standard library and torch only): copy -> overlay source. `make overlay`
+# writes them; `make check` fails on drift. Edit the source in
+# build/<version>/work, never the copy.
 VENDORED = {
+    "python/rlsync/bucket_header.py": "python/sglang/srt/weight_sync/bucket_header.py",
     "python/rlsync/digest.py": "python/sglang/srt/weight_sync/digest.py",
     "python/rlsync/update_group_net.py": (
         "python/sglang/srt/weight_sync/update_group_net.py"

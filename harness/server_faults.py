@@ -2,8 +2,12 @@
 that a healthy CPU server never takes (a cache flush that fails on one TP
 rank only, say).
 
-`fault_env(tmp_dir, flush_cache_fails_on=[1])` returns the environment to
-start the server with (`launch(..., env_overrides=...)`): a directory holding
+`fault_env(tmp_dir, flush_cache_fails_on=[1], refuse_staging_on=[1],
+refuse_staging_while=path)` returns the environment to start the server with
+(`launch(..., env_overrides=...)`): the cache flush fails on the named TP
+ranks; prepare's staging check refuses (413) on the named TP ranks while the
+file `path` exists (so a test turns the refusal on and off). It is a
+directory holding
 a `sitecustomize` module on PYTHONPATH, which every process of the server
 (schedulers are spawned interpreters) runs at start-up. It patches the named
 scheduler method on the named TP ranks once SGLang's scheduler module is
@@ -15,7 +19,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Optional
 
 FAULTS_VARIABLE = "RLSYNC_TEST_SERVER_FAULTS"
 
@@ -43,6 +47,23 @@ def _patch(module):
             return flush_cache(self, *args, **kwargs)
 
         scheduler.flush_cache = failing_flush_cache
+    refusing = set(_FAULTS.get("refuse_staging_on", []))
+    flag = _FAULTS.get("refuse_staging_while")
+    if refusing and flag:
+        from sglang.srt.weight_sync.staged_receiver import WeightsUpdateError
+
+        check = scheduler._check_staging_budget
+
+        def refusing_check(self, *args, **kwargs):
+            if self.tp_rank in refusing and os.path.exists(flag):
+                raise WeightsUpdateError(
+                    f"buckets: staging refused on TP rank {{self.tp_rank}} "
+                    f"(a test fault)",
+                    status_code=413,
+                )
+            return check(self, *args, **kwargs)
+
+        scheduler._check_staging_budget = refusing_check
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -67,7 +88,11 @@ if _FAULTS:
 
 
 def fault_env(
-    tmp_dir: Path, *, flush_cache_fails_on: Iterable[int] = ()
+    tmp_dir: Path,
+    *,
+    flush_cache_fails_on: Iterable[int] = (),
+    refuse_staging_on: Iterable[int] = (),
+    refuse_staging_while: Optional[Path] = None,
 ) -> dict[str, str]:
     """Environment overrides that start a server with these faults."""
     site = Path(tmp_dir) / "server-faults"
@@ -75,7 +100,13 @@ def fault_env(
     (site / "sitecustomize.py").write_text(
         _SITECUSTOMIZE.format(variable=FAULTS_VARIABLE)
     )
-    faults = {"flush_cache_fails_on": sorted(set(flush_cache_fails_on))}
+    faults = {
+        "flush_cache_fails_on": sorted(set(flush_cache_fails_on)),
+        "refuse_staging_on": sorted(set(refuse_staging_on)),
+        "refuse_staging_while": (
+            None if refuse_staging_while is None else str(refuse_staging_while)
+        ),
+    }
     path = [str(site)]
     tree = os.environ.get("RLSYNC_SGLANG_TREE")
     if tree:  # harness.cpu_sglang puts a developer's tree on PYTHONPATH

@@ -466,6 +466,7 @@ def prepare_weights_update(
     weight_version: Optional[str] = None,
     defer_digests: bool = False,
     session_id: Optional[str] = None,
+    framed: bool = False,
     timeout: float = 120.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
@@ -475,7 +476,11 @@ def prepare_weights_update(
     bucket's as it lands and `complete_weights_update(digests=...)` brings
     the sender's. The answer's `session_id` names the session (`session_id`
     here proposes one: `new_session_id()`, fresh for every prepare); pass it
-    to complete and abort, which then never touch another caller's session."""
+    to complete and abort, which then never touch another caller's session.
+    `framed`: a header goes before each bucket (`rlsync.bucket_header`), so
+    that the sender can abort in band and keep the group; a refused framed
+    prepare (its error body says `awaits_abort_header`) waits for the
+    sender's abort header in place of bucket 0."""
     assert buckets, "an update needs at least one bucket"
     metadata = [
         b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets
@@ -491,6 +496,7 @@ def prepare_weights_update(
         weight_version=weight_version,
         defer_digests=defer_digests,
         session_id=session_id,
+        framed=framed,
     )
     endpoint = "/prepare_weights_update"
     body = call(
@@ -559,18 +565,24 @@ def abort_weights_update(
     *,
     group_name: str = "weight_update_group",
     session_id: Optional[str] = None,
+    abort_header_sent: bool = False,
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
 ) -> AbortWeightsUpdateResponse:
     """`session_id`: prepare's; an abort naming a session that is not the
     open one is a 409 that changes nothing. Without it the open session of
-    `group_name` is aborted, whoever opened it."""
+    `group_name` is aborted, whoever opened it. `abort_header_sent`: the
+    sender of a framed session broadcast the abort header, so the server's
+    receive ends by itself and the group stays usable."""
     endpoint = "/abort_weights_update"
+    payload = _with_session({"group_name": group_name}, session_id)
+    if abort_header_sent:
+        payload["abort_header_sent"] = True
     body = call(
         url,
         endpoint,
-        _with_session({"group_name": group_name}, session_id),
+        payload,
         timeout=timeout,
         admin_key=admin_key,
         api_key=api_key,

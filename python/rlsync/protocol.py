@@ -69,6 +69,8 @@ class PrepareWeightsUpdateRequest:
     defer_digests: bool = False
     # The session's id; None: the server chooses one (the answer has it)
     session_id: Optional[str] = None
+    # A header before each bucket: the sender can abort in band
+    framed: bool = False
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = dict(
@@ -83,6 +85,8 @@ class PrepareWeightsUpdateRequest:
             body["defer_digests"] = True
         if self.session_id is not None:
             body["session_id"] = self.session_id
+        if self.framed:
+            body["framed"] = True
         return body
 
 

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from rlsync import client
 from rlsync.digest import digest_bytes, digest_tensors
+from rlsync.framing import BucketFraming, abort_on_failure
 from rlsync.group import GroupJoin, leave_update_group
 from rlsync.planner import Bucket, BucketPlan, SpecLike, TensorSpec, plan_spec_buckets
 from rlsync.protocol import CompleteWeightsUpdateResponse, ProtocolError
@@ -218,6 +219,12 @@ def _session(session_id: Optional[str]) -> dict[str, str]:
     return {} if session_id is None else {"session_id": session_id}
 
 
+def _awaits_abort_header(exc: BaseException) -> bool:
+    """A refused framed prepare: the engine waits for the abort header."""
+    body = getattr(exc, "body", None)
+    return isinstance(body, dict) and body.get("awaits_abort_header") is True
+
+
 def _answered_an_error(exc: BaseException) -> bool:
     """The engine refused the call with an HTTP error status."""
     return isinstance(exc, client.EngineError) and (exc.status or 0) >= 400
@@ -330,6 +337,7 @@ def stream_buckets(
     pack: str = "copy",
     digests: bool = False,
     copy_as_pulled: bool = False,
+    framing: Optional[BucketFraming] = None,
 ) -> list[str]:
     """The data path: one broadcast per bucket from rank 0, in the flattened
     layout. Bucket k+1 is pulled from `stream` and packed while bucket k is on
@@ -339,29 +347,40 @@ def stream_buckets(
     sent). With `digests`, each bucket's digest over the bytes it sends,
     computed just before sending (else []). `copy_as_pulled`: each tensor is
     copied into its bucket's bytes before the next one is pulled, so a
-    generator may yield one reused buffer (a streamed sync's tensors)."""
+    generator may yield one reused buffer (a streamed sync's tensors).
+    `framing`: a header goes before each bucket, and a failure (of the
+    stream, of `report`) sends the abort header in place of the next."""
+    framing = framing or _Unframed()
     in_flight = None  # (work, flat): the buffer must live until the work ends
     sent_digests: list[str] = []
     sent = 0
-    for i, plan in enumerate(plans):
-        if copy_as_pulled:
-            flat = _pack_as_pulled(plan, stream, device)
-        else:
-            flat = _flatten(stream.pull_bucket(plan), device, pack)
-        if i == len(plans) - 1:
-            stream.finish()
-        if digests:
-            sent_digests.append(digest_bytes(flat))
+    try:
+        for i, plan in enumerate(plans):
+            if copy_as_pulled:
+                flat = _pack_as_pulled(plan, stream, device)
+            else:
+                flat = _flatten(stream.pull_bucket(plan), device, pack)
+            if i == len(plans) - 1:
+                stream.finish()
+            if digests:
+                sent_digests.append(digest_bytes(flat))
+            if in_flight is not None:
+                framing.collective(in_flight[0].wait)
+            in_flight = None  # bucket k-1 is dropped here
+            framing.announce(i)
+            work = framing.collective(
+                lambda: dist.broadcast(flat, src=0, group=group, async_op=True)
+            )
+            in_flight, flat = (work, flat), None
+            sent += plan.nbytes
+            if report is not None:
+                report(i + 1, len(plans), sent)
         if in_flight is not None:
-            in_flight[0].wait()
-        in_flight = None  # bucket k-1 is dropped here
-        work = dist.broadcast(flat, src=0, group=group, async_op=True)
-        in_flight, flat = (work, flat), None
-        sent += plan.nbytes
-        if report is not None:
-            report(i + 1, len(plans), sent)
-    if in_flight is not None:
-        in_flight[0].wait()
+            framing.collective(in_flight[0].wait)
+    except BaseException:
+        if isinstance(framing, BucketFraming):
+            abort_on_failure(framing, in_flight and in_flight[0])
+        raise
     return sent_digests
 
 
@@ -373,30 +392,52 @@ def stream_tensors(
     report: Optional[Progress] = None,
     digests: bool = False,
     copy_as_pulled: bool = False,
+    framing: Optional[BucketFraming] = None,
 ) -> list[str]:
     """Upstream's per-tensor layout (`load_format` None): one broadcast per
     tensor, in the metadata's order, a bucket pulled from `stream` at a time.
-    With `digests`, each bucket's digest (else []). `copy_as_pulled` as for
-    `stream_buckets`."""
+    With `digests`, each bucket's digest (else []). `copy_as_pulled` and
+    `framing` as for `stream_buckets`."""
+    framing = framing or _Unframed()
     sent_digests: list[str] = []
     sent = 0
-    for i, plan in enumerate(plans):
-        if copy_as_pulled:
-            tensors = [stream.pull().detach().clone() for _ in plan.specs]
-        else:
-            tensors = stream.pull_bucket(plan)
-        if i == len(plans) - 1:
-            stream.finish()
-        if digests:
-            sent_digests.append(digest_tensors(tensors))
-        for tensor in tensors:
-            tensor = tensor.detach().contiguous()
-            dist.broadcast(tensor if device is None else tensor.to(device), 0, group)
-        tensors = tensor = None  # dropped before the next bucket is pulled
-        sent += plan.nbytes
-        if report is not None:
-            report(i + 1, len(plans), sent)
+    mid_bucket = False  # the engines wait for a tensor, not for a header
+    try:
+        for i, plan in enumerate(plans):
+            if copy_as_pulled:
+                tensors = [stream.pull().detach().clone() for _ in plan.specs]
+            else:
+                tensors = stream.pull_bucket(plan)
+            if i == len(plans) - 1:
+                stream.finish()
+            if digests:
+                sent_digests.append(digest_tensors(tensors))
+            framing.announce(i)
+            mid_bucket = True
+            for tensor in tensors:
+                tensor = tensor.detach().contiguous()
+                tensor = tensor if device is None else tensor.to(device)
+                framing.collective(lambda: dist.broadcast(tensor, 0, group))
+            mid_bucket = False
+            tensors = tensor = None  # dropped before the next bucket is pulled
+            sent += plan.nbytes
+            if report is not None:
+                report(i + 1, len(plans), sent)
+    except BaseException:
+        if isinstance(framing, BucketFraming) and not mid_bucket:
+            abort_on_failure(framing, None)
+        raise
     return sent_digests
+
+
+class _Unframed:
+    """No headers: the collectives run as they are."""
+
+    def collective(self, call: Callable[[], Any]) -> Any:
+        return call()
+
+    def announce(self, index: int) -> None:
+        pass
 
 
 def _pack_as_pulled(
@@ -456,6 +497,9 @@ STREAMING_FEATURE = "shard_staging"
 # Engines with it name each sync's session, so that a late call from this
 # sender (or another trainer's) never completes or aborts another session.
 SESSION_ID_FEATURE = "session_ids"
+# Engines with it take a header before each bucket: an abort this sender
+# sends in band (a refused prepare, a failed stream) keeps their groups.
+IN_BAND_ABORT_FEATURE = "in_band_abort"
 FLATTENED = "flattened_bucket"
 # Seconds connect() waits for the trainer's torn-down join before it raises.
 JOIN_GRACE = 10.0
@@ -623,14 +667,18 @@ class WeightSender:
         return []
 
     def _abort_all(
-        self, engines=None, session_ids: Optional[dict[str, Optional[str]]] = None
+        self,
+        engines=None,
+        session_ids: Optional[dict[str, Optional[str]]] = None,
+        abort_header_sent: bool = False,
     ) -> list[str]:
         """Abort the session on each of `engines` (default: all), this sync's
         (or `session_ids[url]`); what went wrong, if anything. An engine
         without that session answers 409: there was nothing to close (a
         failed complete discarded it, or the engine applied), which is fine.
         An engine whose abort failed is aborted again before the next sync
-        prepares."""
+        prepares. `abort_header_sent`: this sync aborted in band first."""
+        header = {"abort_header_sent": True} if abort_header_sent else {}
         notes = []
 
         def session_of(engine: Engine) -> Optional[str]:
@@ -640,7 +688,11 @@ class WeightSender:
 
         for engine, res in self._each(
             lambda e: client.abort_weights_update(
-                e.url, group_name=self.group_name, **_session(session_of(e)), **e.keys
+                e.url,
+                group_name=self.group_name,
+                **_session(session_of(e)),
+                **header,
+                **e.keys,
             ),
             engines,
         ):
@@ -853,6 +905,8 @@ class WeightSender:
         # Passed only when set: a sync with prepare-time digests makes the
         # same client calls as before.
         defer = {"defer_digests": True} if defer_digests else {}
+        framing = self._framing(len(plans))
+        framed = {"framed": True} if framing is not None else {}
         prepared = self._each(
             lambda e: client.prepare_weights_update(
                 e.url,
@@ -862,12 +916,23 @@ class WeightSender:
                 weight_version=weight_version,
                 **defer,
                 **session,
+                **framed,
                 **e.keys,
             )
         )
         calls += len(self.engines)
         failed = [(e, r) for e, r in prepared if isinstance(r, Exception)]
         if failed:
+            if framing is not None and all(_awaits_abort_header(r) for _, r in failed):
+                # Every engine waits for the header of bucket 0, those that
+                # refused too: abort in band, and every group stays usable.
+                framing.abort()
+                notes = self._abort_all(abort_header_sent=framing.aborted)
+                raise SyncError(
+                    "prepare",
+                    "; ".join(f"{e.url}: {r}" for e, r in failed)
+                    + f" (every engine aborted: {'; '.join(notes) or 'groups usable'})",
+                )
             # Abort every engine that may hold a session: those that answered
             # ready, and those whose answer never came (the prepare may have
             # opened one); not those that refused it or that it never reached.
@@ -875,6 +940,7 @@ class WeightSender:
                 e
                 for e, r in prepared
                 if not isinstance(r, Exception)
+                or _awaits_abort_header(r)
                 or not (_answered_an_error(r) or _never_reached(r))
             ]
             notes = self._abort_all(opened)
@@ -891,9 +957,11 @@ class WeightSender:
                 report,
                 defer_digests,
                 copy_as_pulled=not held,
+                framing=framing,
             )
         except BaseException as exc:
-            notes = self._abort_all()
+            in_band = framing is not None and framing.aborted
+            notes = self._abort_all(abort_header_sent=in_band)
             raise SyncError(
                 "broadcast",
                 f"{type(exc).__name__}: {exc}; every engine aborted "
@@ -1033,6 +1101,7 @@ class WeightSender:
         report: Optional[Progress],
         digests: bool,
         copy_as_pulled: bool,
+        framing: Optional[BucketFraming],
     ) -> list[str]:
         assert self.group is not None, "call connect() first"
         if self.load_format == FLATTENED:
@@ -1044,10 +1113,29 @@ class WeightSender:
                 report,
                 digests=digests,
                 copy_as_pulled=copy_as_pulled,
+                framing=framing,
             )
         return stream_tensors(
-            plans, stream, self.group, self.device, report, digests, copy_as_pulled
+            plans,
+            stream,
+            self.group,
+            self.device,
+            report,
+            digests,
+            copy_as_pulled,
+            framing=framing,
         )
+
+    def _framing(self, buckets: int) -> Optional[BucketFraming]:
+        """Headers before the buckets, where every engine takes them (and so
+        the sync can abort in band, keeping the group)."""
+        if self.session_id is None or not all(
+            IN_BAND_ABORT_FEATURE in self.features.get(e.url, ()) for e in self.engines
+        ):
+            return None
+        assert self.group is not None, "call connect() first"
+        device = self.device or ("cuda" if self.backend == "nccl" else "cpu")
+        return BucketFraming(self.session_id, self.group, buckets, device)
 
     def close(self) -> None:
         for engine, _ in self._each(

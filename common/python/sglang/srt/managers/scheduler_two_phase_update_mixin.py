@@ -57,6 +57,8 @@ from sglang.srt.weight_sync.shadow_params import (
 )
 from sglang.srt.weight_sync.staged_receiver import (
     RING_BUCKETS,
+    GroupReceiver,
+    RefusedSessionReceiver,
     StagedWeightReceiver,
     StagingPool,
     WeightsUpdateError,
@@ -89,15 +91,20 @@ _IDLE_POLL_MS = 50
 # Ended sessions remembered (id -> how it ended): a late call naming one is
 # told so, and a prepare may not reuse its id.
 _ENDED_SESSIONS_KEPT = 1024
+# How long an abort waits for a receiver to see the sender's abort header.
+_ABORT_HEADER_GRACE_S = 5.0
 
 
 @dataclass
 class _Session:
     group_name: str
-    receiver: StagedWeightReceiver
+    receiver: GroupReceiver
     # Chosen by the tokenizer manager (or the caller) at prepare; complete,
     # abort and destroy that name another session change nothing.
     session_id: Optional[str] = None
+    # A framed prepare that was refused (why): the session only waits for
+    # the sender's abort header, then for an abort
+    refused: Optional[str] = None
     weight_version: Optional[str] = None
     verified: bool = False
     shadow: Optional[ShadowParameters] = None
@@ -156,7 +163,8 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             if self._two_phase_pool is not None:
                 self._two_phase_pool.release()
             self._two_phase_shadow = None
-        self._end_release_session()
+        if session is None or session.refused is None:
+            self._end_release_session()
         metrics = self._sync_metrics()
         if metrics is not None:
             metrics.session_open(False)
@@ -337,6 +345,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 sink=shadow.load,
                 before_first_bucket=shadow.begin,
                 defer_digests=recv_req.defer_digests,
+                session_id=recv_req.session_id if recv_req.framed else None,
             )
             local = {
                 "success": True,
@@ -360,11 +369,16 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             metrics = self._sync_metrics()
             if metrics is not None:
                 metrics.sync_ended(FAILED, REJECTED)
+            message = _join_messages(failed, self.tp_size)
+            open_group = self._open_session_group()
+            awaits_abort_header = self._open_refused_session(recv_req, message)
             return PrepareWeightsUpdateReqOutput(
                 status="error",
-                message=_join_messages(failed, self.tp_size),
+                message=message,
                 status_code=failed[0]["status_code"],
-                open_session_group=self._open_session_group(),
+                open_session_group=open_group,
+                awaits_abort_header=awaits_abort_header,
+                session_id=recv_req.session_id if awaits_abort_header else None,
             )
         # Every rank accepted: the update runs in the release's session.
         self._begin_release_session()
@@ -372,8 +386,8 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         self._two_phase_session = _Session(
             recv_req.group_name,
             receiver,
-            recv_req.session_id,
-            recv_req.weight_version,
+            session_id=recv_req.session_id,
+            weight_version=recv_req.weight_version,
             shadow=shadow,
         )
         if self.tp_rank == 0:
@@ -397,6 +411,31 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 for r in results
             ],
         )
+
+    def _open_refused_session(
+        self: Scheduler, recv_req: PrepareWeightsUpdateReqInput, why: str
+    ) -> bool:
+        """After a framed prepare that a rank refused: wait, as the other
+        engines of the group do, for the abort header the sender broadcasts
+        in place of bucket 0, so that the group stays usable everywhere. The
+        session then waits for an abort. False where nothing can be posted:
+        no such group, or a session already holds this server."""
+        group = self._update_groups.get(recv_req.group_name)
+        if not recv_req.framed or group is None or self._two_phase_session:
+            return False
+        receiver = RefusedSessionReceiver(
+            group,
+            torch.device(self.tp_worker.model_runner.device),
+            session_id=recv_req.session_id,
+        )
+        receiver.start()
+        self._two_phase_session = _Session(
+            recv_req.group_name, receiver, recv_req.session_id, refused=why
+        )
+        metrics = self._sync_metrics()
+        if metrics is not None:
+            metrics.session_open(True)
+        return True
 
     @pause_watchdogs_during_weight_update
     def complete_weights_update(
@@ -446,6 +485,14 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 f"'{session.group_name}', not '{recv_req.group_name}'",
                 status_code=400,
                 open_session_group=session.group_name,
+            )
+        if session.refused is not None:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message=f"the prepare of this session was refused "
+                f"({session.refused}); nothing to complete: send the abort "
+                f"header, then abort it",
+                status_code=409,
             )
         receiver = session.receiver
         stats: Dict[str, Any] = {}
@@ -644,11 +691,20 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         )
 
     def _discard_two_phase_session(
-        self: Scheduler, session: _Session, outcome: str, reason: str = ""
+        self: Scheduler,
+        session: _Session,
+        outcome: str,
+        reason: str = "",
+        abort_header_sent: bool = False,
     ) -> bool:
-        """Stop the receiver, drop a group left mid-collective, free staging."""
-        usable = session.receiver.abort()
-        self._record_sync_end(session, outcome, reason)
+        """Stop the receiver, drop a group left mid-collective, free staging.
+        `abort_header_sent`: the sender says it aborted in band, so the
+        receiver ends by itself (it is given a few seconds to)."""
+        usable = session.receiver.abort(
+            sender_grace=_ABORT_HEADER_GRACE_S if abort_header_sent else 0.0
+        )
+        if session.refused is None:  # a refused prepare was counted then
+            self._record_sync_end(session, outcome, reason)
         abandoned = [
             (g, works)
             for g, works in self._abandoned_update_groups or []
@@ -688,7 +744,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         prepare, with the update written in, so a write in between would be
         undone."""
         session = self._two_phase_session
-        if session is None:
+        if session is None or session.refused is not None:
             return None
         return (
             f"a weight update session is open on group '{session.group_name}' and "
@@ -735,7 +791,9 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 status_code=400,
                 open_session_group=session.group_name,
             )
-        usable = self._discard_two_phase_session(session, ABORTED)
+        usable = self._discard_two_phase_session(
+            session, ABORTED, abort_header_sent=recv_req.abort_header_sent
+        )
         results = gather_from_tp_ranks(self, {"success": True, "usable": usable})
         usable = all(r["usable"] for r in results)
         message = "aborted; the served weights are unchanged"

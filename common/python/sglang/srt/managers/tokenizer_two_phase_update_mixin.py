@@ -80,7 +80,10 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
                     entry for r in results for entry in r.rank_staging_bytes
                 ],
             )
-        if len(failed) < len(results):
+        # Every replica waits for the sender's abort header (ready ones in
+        # place of bucket 0): it aborts in band, and the group stays usable.
+        awaits = all(r.status == "ready" or r.awaits_abort_header for r in results)
+        if len(failed) < len(results) and not awaits:
             # Validation is the same on every DP replica, so this is rare:
             # leave no replica with a session the others lack.
             await self.abort_weights_update_communicator(
@@ -88,7 +91,7 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
                     group_name=obj.group_name, session_id=obj.session_id
                 )
             )
-        return failed[0]
+        return _replaced(failed[0], awaits_abort_header=awaits)
 
     @track_weight_update("complete_weights_update")
     async def complete_weights_update(

@@ -33,6 +33,7 @@ from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequenc
 import torch
 import torch.distributed as dist
 
+from sglang.srt.weight_sync.bucket_header import HEADER_WORDS, read_header
 from sglang.srt.weight_sync.digest import (
     DIGEST_ALGORITHM,
     MAX_DIGEST_BYTES,
@@ -276,49 +277,43 @@ class ReceiveStats:
     bucket_done_seconds: List[float] = field(default_factory=list)
 
 
-class StagedWeightReceiver:
-    """Receives every bucket of one update from rank 0 of `group` on its own
-    thread (and, on CUDA, its own stream), through a ring of bucket buffers:
-    each bucket is digested as it lands and handed to `sink`, which must be
-    done with its tensors when it returns (the buffer takes a later bucket).
-    `before_first_bucket` runs on that thread before anything is received."""
+class GroupReceiver:
+    """Receives from rank 0 of `group` on its own thread (and, on CUDA, its
+    own stream), every receive abortable while it waits. With a `session_id`
+    (a framed session) each bucket is preceded by the sender's header
+    (bucket_header.py), which may abort the update instead."""
 
     def __init__(
         self,
-        buckets: Sequence[BucketSpec],
         group: dist.ProcessGroup,
-        pool: StagingPool,
-        load_format: Optional[str] = None,
+        device: torch.device,
         src: int = 0,
-        sink: Optional[BucketSink] = None,
-        before_first_bucket: Optional[Callable[[], None]] = None,
-        defer_digests: bool = False,
+        session_id: Optional[str] = None,
     ):
-        self.buckets = list(buckets)
         self.group = group
-        self.load_format = load_format
         self.src = src
-        self.sink = sink
-        self.before_first_bucket = before_first_bucket
-        self.defer_digests = defer_digests
-        self.total_bytes = sum(b.nbytes for b in self.buckets)
-        self.ring, reused = pool.acquire(max(b.nbytes for b in self.buckets))
-        self.stats = ReceiveStats(staging_reused=reused)
-        # Each bucket's digest as it landed (every bucket whose sender digest
-        # is known now or comes with complete).
-        self.landed_digests: Dict[int, str] = {}
+        self.session_id = session_id
+        self.buckets: List[BucketSpec] = []
+        self.stats = ReceiveStats()
         self.error: Optional[str] = None
-        self.digest_errors: List[str] = []
+        # The sender aborted in band: nothing is left posted on the group.
+        self.sender_aborted = False
+        # The sender's headers disagree with this session: the group is not
+        # in a known state any more.
+        self.out_of_step = False
         self._abort = threading.Event()
         self._done = threading.Event()
         self._t0 = 0.0
         self._started = threading.Event()
         # Collectives posted and not finished; the group is unusable while any is.
         self.pending_works: List[dist.Work] = []
+        self._header = (
+            None
+            if session_id is None
+            else torch.empty(HEADER_WORDS, dtype=torch.int64, device=device)
+        )
         self._stream = (
-            torch.cuda.Stream(device=pool.device)
-            if pool.device.type == "cuda"
-            else None
+            torch.cuda.Stream(device=device) if device.type == "cuda" else None
         )
         self._thread = threading.Thread(
             target=self._run, name="staged-weight-receiver", daemon=True
@@ -339,12 +334,15 @@ class StagedWeightReceiver:
     def done(self) -> bool:
         return self._done.is_set()
 
-    def abort(self, timeout: float = 5.0) -> bool:
+    def abort(self, timeout: float = 5.0, sender_grace: float = 0.0) -> bool:
         """Stop receiving; True when the group can still be used (nothing was
-        left half-received on it)."""
+        left half-received on it). `sender_grace`: seconds to let the receive
+        end by itself first (the sender aborted in band)."""
+        if sender_grace > 0 and self._header is not None:
+            self._done.wait(sender_grace)
         self._abort.set()
         self._done.wait(timeout)
-        return self._done.is_set() and not self.pending_works
+        return self._done.is_set() and not self.pending_works and not self.out_of_step
 
     @property
     def complete(self) -> bool:
@@ -353,29 +351,6 @@ class StagedWeightReceiver:
             and self.error is None
             and self.stats.buckets_received == len(self.buckets)
         )
-
-    # Data -----------------------------------------------------------------
-
-    def _buffer_of(self, bucket: BucketSpec) -> torch.Tensor:
-        return self.ring[bucket.index % len(self.ring)][: bucket.nbytes]
-
-    def verify(self, digests: Optional[Sequence[str]] = None) -> List[str]:
-        """Buckets whose bytes did not match the sender digest, one error
-        each: the digests given with prepare (checked as each landed) and,
-        with `digests`, those the sender sends afterwards."""
-        errors = list(self.digest_errors)
-        for bucket, expected in zip(self.buckets, digests or ()):
-            got = self.landed_digests.get(bucket.index)
-            if got is not None and got != expected:
-                errors.append(_mismatch(bucket, got, expected))
-        return errors
-
-    def _check_digest(self, bucket: BucketSpec, region: torch.Tensor) -> None:
-        if bucket.digest is None and not self.defer_digests:
-            return
-        got = self.landed_digests[bucket.index] = digest_bytes(region)
-        if bucket.digest is not None and got != bucket.digest:
-            self.digest_errors.append(_mismatch(bucket, got, bucket.digest))
 
     def synchronize(self) -> None:
         if self._stream is not None:
@@ -400,15 +375,139 @@ class StagedWeightReceiver:
             self._done.set()
 
     def _receive_all(self) -> None:
+        raise NotImplementedError
+
+    def _header_for(self, index: int) -> bool:
+        """The sender's header before bucket `index`: True when the bucket
+        follows; False when the sender aborted or is out of step (`error`
+        says which), or this receive was aborted."""
+        work = self._post(self._header)
+        if work is None or not self._wait(work, self._header.is_cuda):
+            return False
+        aborted, problem = read_header(self._header, self.session_id, index)
+        if aborted:
+            self.sender_aborted = True
+            self.error = "the sender aborted the update"
+        elif problem is not None:
+            self.out_of_step = True
+            self.error = problem
+        return not aborted and problem is None
+
+    def _post(self, tensor: torch.Tensor) -> Optional[dist.Work]:
+        if self._abort.is_set():
+            self.error = "aborted"
+            return None
+        work = dist.broadcast(tensor, src=self.src, group=self.group, async_op=True)
+        self.pending_works.append(work)
+        return work
+
+    def _wait(self, work: dist.Work, is_cuda: bool) -> bool:
+        """Wait for one posted receive, checking for an abort meanwhile."""
+        while True:
+            if is_cuda:
+                if work.is_completed():
+                    break
+                time.sleep(0.0005)
+            else:
+                try:
+                    work.wait(timeout=_ABORT_POLL)
+                    break
+                except RuntimeError as e:
+                    if "timed out" not in str(e).lower():
+                        raise
+            if self._abort.is_set():
+                self.error = "aborted while waiting for bytes from the sender"
+                return False
+        if is_cuda:
+            work.wait()
+        self.pending_works.remove(work)
+        return True
+
+
+class RefusedSessionReceiver(GroupReceiver):
+    """A framed session whose prepare was refused: the sender, told so,
+    broadcasts an abort header in place of bucket 0 (the other engines of
+    its group wait for it), and this receives it, so that the group stays
+    usable here too."""
+
+    def _receive_all(self) -> None:
+        self._started.set()
+        self._header_for(0)
+
+
+class StagedWeightReceiver(GroupReceiver):
+    """Receives every bucket of one update through a ring of bucket buffers:
+    each bucket is digested as it lands and handed to `sink`, which must be
+    done with its tensors when it returns (the buffer takes a later bucket).
+    `before_first_bucket` runs on the receiving thread before anything is
+    received."""
+
+    def __init__(
+        self,
+        buckets: Sequence[BucketSpec],
+        group: dist.ProcessGroup,
+        pool: StagingPool,
+        load_format: Optional[str] = None,
+        src: int = 0,
+        sink: Optional[BucketSink] = None,
+        before_first_bucket: Optional[Callable[[], None]] = None,
+        defer_digests: bool = False,
+        session_id: Optional[str] = None,
+    ):
+        super().__init__(group, pool.device, src, session_id)
+        self.buckets = list(buckets)
+        self.load_format = load_format
+        self.sink = sink
+        self.before_first_bucket = before_first_bucket
+        self.defer_digests = defer_digests
+        self.total_bytes = sum(b.nbytes for b in self.buckets)
+        self.ring, reused = pool.acquire(max(b.nbytes for b in self.buckets))
+        self.stats.staging_reused = reused
+        # Each bucket's digest as it landed (every bucket whose sender digest
+        # is known now or comes with complete).
+        self.landed_digests: Dict[int, str] = {}
+        self.digest_errors: List[str] = []
+
+    # Data -----------------------------------------------------------------
+
+    def _buffer_of(self, bucket: BucketSpec) -> torch.Tensor:
+        return self.ring[bucket.index % len(self.ring)][: bucket.nbytes]
+
+    def verify(self, digests: Optional[Sequence[str]] = None) -> List[str]:
+        """Buckets whose bytes did not match the sender digest, one error
+        each: the digests given with prepare (checked as each landed) and,
+        with `digests`, those the sender sends afterwards."""
+        errors = list(self.digest_errors)
+        for bucket, expected in zip(self.buckets, digests or ()):
+            got = self.landed_digests.get(bucket.index)
+            if got is not None and got != expected:
+                errors.append(_mismatch(bucket, got, expected))
+        return errors
+
+    def _check_digest(self, bucket: BucketSpec, region: torch.Tensor) -> None:
+        if bucket.digest is None and not self.defer_digests:
+            return
+        got = self.landed_digests[bucket.index] = digest_bytes(region)
+        if bucket.digest is not None and got != bucket.digest:
+            self.digest_errors.append(_mismatch(bucket, got, bucket.digest))
+
+    # Receive loop ---------------------------------------------------------
+
+    def _receive_all(self) -> None:
         # Receives are posted only after the sink is ready for the first
         # bucket; the sender's broadcast waits for them meanwhile.
         self._started.set()
         if self.before_first_bucket is not None:
             self.before_first_bucket()
         if self.load_format == "flattened_bucket":
-            self._receive_flattened()
+            if self._header is None:
+                self._receive_flattened()
+            else:
+                self._receive_flattened_framed()
             return
         for bucket in self.buckets:
+            if self._header is not None and not self._header_for(bucket.index):
+                return
             region = self._buffer_of(bucket)
             for spec in bucket.tensors:
                 if not self._receive_tensor(region, spec):
@@ -431,6 +530,25 @@ class StagedWeightReceiver:
         while posted:
             if not self._land(*posted.popleft()):
                 return
+
+    def _receive_flattened_framed(self) -> None:
+        # Header k is waited for before bucket k is posted (a posted receive
+        # cannot be taken back if it says abort); bucket k-1 is verified and
+        # loaded while bucket k arrives.
+        landing: Optional[Tuple[BucketSpec, dist.Work]] = None
+        for bucket in self.buckets:
+            if not self._header_for(bucket.index):
+                if landing is not None:  # it arrived before the header
+                    self._wait(landing[1], self._header.is_cuda)
+                return
+            work = self._post(self._buffer_of(bucket))
+            if work is None:
+                return
+            if landing is not None and not self._land(*landing):
+                return
+            landing = (bucket, work)
+        if landing is not None:
+            self._land(*landing)
 
     def _land(self, bucket: BucketSpec, work: dist.Work) -> bool:
         region = self._buffer_of(bucket)
@@ -473,36 +591,6 @@ class StagedWeightReceiver:
     def _broadcast(self, tensor: torch.Tensor) -> bool:
         work = self._post(tensor)
         return work is not None and self._wait(work, tensor.is_cuda)
-
-    def _post(self, tensor: torch.Tensor) -> Optional[dist.Work]:
-        if self._abort.is_set():
-            self.error = "aborted"
-            return None
-        work = dist.broadcast(tensor, src=self.src, group=self.group, async_op=True)
-        self.pending_works.append(work)
-        return work
-
-    def _wait(self, work: dist.Work, is_cuda: bool) -> bool:
-        """Wait for one posted receive, checking for an abort meanwhile."""
-        while True:
-            if is_cuda:
-                if work.is_completed():
-                    break
-                time.sleep(0.0005)
-            else:
-                try:
-                    work.wait(timeout=_ABORT_POLL)
-                    break
-                except RuntimeError as e:
-                    if "timed out" not in str(e).lower():
-                        raise
-            if self._abort.is_set():
-                self.error = "aborted while waiting for bytes from the sender"
-                return False
-        if is_cuda:
-            work.wait()
-        self.pending_works.remove(work)
-        return True
 
 
 def _bucket_tensors(

@@ -21,4 +21,5 @@ FEATURES = (
     "shard_staging",
     "apply_outcome_of_every_rank",
     "session_ids",
+    "in_band_abort",
 )

@@ -2225,6 +2225,10 @@ class PrepareWeightsUpdateReqInput(BaseReq, kw_only=True):
     # The session's id (None: the server chooses one); prepare answers it,
     # and complete, abort and destroy that name another session are refused
     session_id: Optional[StrictStr] = None
+    # The sender broadcasts a header before each bucket, which can abort the
+    # update instead (weight_sync/bucket_header.py): an abort it sends keeps
+    # the group usable; a refused prepare then waits for that abort header
+    framed: StrictBool = False
 
     def __post_init__(self):
         check_group_name(self.group_name)
@@ -2245,6 +2249,10 @@ class PrepareWeightsUpdateReqOutput(BaseReq, kw_only=True):
     rank_staging_bytes: List[Dict[str, Any]] = msgspec.field(default_factory=list)
     # The session opened (complete, abort and destroy may name it)
     session_id: Optional[str] = None
+    # A refused framed prepare: the server waits for the sender's abort
+    # header in place of bucket 0 (then abort the session), as the group's
+    # other engines do, so that the group stays usable
+    awaits_abort_header: bool = False
 
 
 class CompleteWeightsUpdateReqInput(BaseReq, kw_only=True):
@@ -2300,6 +2308,9 @@ class AbortWeightsUpdateReqInput(BaseReq, kw_only=True):
     group_name: StrictStr = "weight_update_group"
     # The session to abort; refused (409, nothing changed) if another is open
     session_id: Optional[StrictStr] = None
+    # The sender broadcast the abort header (a framed session): the receive
+    # ends by itself and the group stays usable
+    abort_header_sent: StrictBool = False
 
     def __post_init__(self):
         check_group_name(self.group_name)

@@ -1,0 +1,151 @@
+"""Faults on one TP rank of a real TP 2 server (harness.server_faults), with
+WeightSender over gloo: a two-phase apply answers what every rank did, and
+a sync that fails while its trainer is alive (an engine refuses prepare, the
+trainer's tensor stream breaks) aborts in band, so every engine's update
+group stays usable and the next sync needs no new group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import torch
+
+from harness.cpu_sglang import Server, free_port
+from harness.server_faults import fault_env
+from harness.trainer import gloo_sender
+from harness.weights import Weights, perturbed
+from rlsync import client
+from rlsync.sender import Engine, SyncError, WeightSender
+from rlsync.stream import specs_of
+
+NAME = "model.norm.weight"
+
+
+@pytest.fixture(scope="module")
+def refusal_flag(tmp_path_factory) -> Path:
+    """While this file exists, TP rank 1 of the fault server refuses prepare."""
+    return tmp_path_factory.mktemp("faults") / "refuse-staging"
+
+
+@pytest.fixture(scope="module")
+def fault_server(start_module_server, refusal_flag) -> Server:
+    env = fault_env(
+        refusal_flag.parent,
+        flush_cache_fails_on=[1],
+        refuse_staging_on=[1],
+        refuse_staging_while=refusal_flag,
+    )
+    return start_module_server(tp=2, env=env)
+
+
+def serves(url: str, weights: Weights) -> bool:
+    served = client.get_weights_by_name(url, NAME, truncate_size=10**6)
+    sent = dict(weights)[NAME]
+    return torch.equal(torch.tensor(served).to(sent.dtype), sent)
+
+
+@pytest.fixture
+def two_engines(fault_server, server_tp1) -> Iterator[WeightSender]:
+    """One sender, one group: the fault server (TP 2) and the shared TP 1."""
+    sender = WeightSender(
+        [Engine(fault_server.url, tp_size=2), Engine(server_tp1.url, tp_size=1)],
+        master_port=free_port(),
+        group_name=f"in_band_{free_port()}",
+        backend="gloo",
+        bucket_bytes=64 << 10,
+        timeout=120,
+    )
+    sender.connect()
+    yield sender
+    sender.close()
+
+
+@pytest.mark.needs("apply_outcome_of_every_rank")
+def test_a_cache_flush_failing_on_one_rank_is_an_apply_with_its_version(
+    fault_server, model_weights
+):
+    """TP rank 1's cache flush fails, rank 0's succeeds: every rank applied,
+    so the answer (an error, for the flush) says applied, the server records
+    the version and serves the new weights, and the failure names rank 1
+    (the answering rank 0 used to say "not applied" and drop the version)."""
+    sender = gloo_sender(fault_server.url, 2, 64 << 10, "flush_fault")
+    try:
+        new = perturbed(model_weights, seed=5)
+        # Applied everywhere: no SyncError; the engine's error answer is kept.
+        result = sender.sync(new, weight_version="flush-fault", flush_cache=True)
+        (outcome,) = result.engines
+        assert outcome.applied and not outcome.answered, outcome
+        assert outcome.weight_version == "flush-fault", outcome
+        ranks = outcome.answer.rank_results
+        assert [(r.rank, r.applied, r.success) for r in ranks] == [
+            (0, True, True),
+            (1, True, False),
+        ], ranks
+        assert "rank(s) 1" in outcome.message and "cache flush" in outcome.message
+        assert "mixed" not in outcome.message
+        assert client.get_weight_version(fault_server.url) == "flush-fault"
+        assert serves(fault_server.url, new)
+    finally:
+        sender.close()
+
+
+@pytest.mark.needs("in_band_abort")
+def test_a_refused_prepare_keeps_every_engines_group(
+    two_engines, fault_server, server_tp1, refusal_flag, model_weights
+):
+    """TP rank 1 of one engine refuses prepare (413): the sender aborts in
+    band, nothing applies anywhere, both groups stay usable, and the next
+    sync through the same group applies on both engines."""
+    sender, new = two_engines, perturbed(model_weights, seed=21)
+    refusal_flag.touch()
+    try:
+        with pytest.raises(SyncError) as raised:
+            sender.sync(new, weight_version="refused")
+    finally:
+        refusal_flag.unlink()
+    message = str(raised.value)
+    assert raised.value.step == "prepare" and "HTTP 413" in message, message
+    assert "staging refused on TP rank 1" in message, message
+    assert "every engine aborted: groups usable" in message, message
+    for url in (fault_server.url, server_tp1.url):
+        assert not serves(url, new) and client.get_weight_version(url) != "refused"
+
+    result = sender.sync(new, weight_version="after-refusal")
+    assert result.success, result.engines
+    for url in (fault_server.url, server_tp1.url):
+        assert serves(url, new)
+        assert client.get_weight_version(url) == "after-refusal"
+    sender.sync(model_weights, weight_version="restored")
+
+
+@pytest.mark.needs("in_band_abort")
+def test_a_stream_that_fails_mid_sync_aborts_in_band(
+    two_engines, fault_server, server_tp1, model_weights
+):
+    """The trainer's tensor generator raises after a few buckets went out:
+    the sender aborts in band, the old weights keep serving, the groups
+    stay usable and the next sync applies."""
+    sender, new = two_engines, perturbed(model_weights, seed=22)
+    specs = specs_of(new)
+
+    def breaks_after_a_few():
+        for i, (_, tensor) in enumerate(new):
+            if i == len(new) // 2:
+                raise RuntimeError("the trainer's gather failed")
+            yield tensor
+
+    with pytest.raises(SyncError) as raised:
+        sender.sync_stream(specs, breaks_after_a_few(), weight_version="broken")
+    message = str(raised.value)
+    assert raised.value.step == "broadcast", message
+    assert "the trainer's gather failed" in message, message
+    assert "every engine aborted (groups usable)" in message, message
+    for url in (fault_server.url, server_tp1.url):
+        assert not serves(url, new) and client.get_weight_version(url) != "broken"
+
+    result = sender.sync_stream(specs, (t for _, t in new), weight_version="whole")
+    assert result.success, result.engines
+    assert all(serves(url, new) for url in (fault_server.url, server_tp1.url))
+    sender.sync(model_weights, weight_version="restored")
