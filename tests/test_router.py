@@ -619,3 +619,31 @@ def test_router_refuses_a_malformed_key():
         with pytest.raises(ValueError, match="admin_api_key: a key must be") as err:
             create_app(RouterConfig(["http://127.0.0.1:1"], admin_api_key=key))
         assert key not in str(err.value)
+
+
+@pytest.mark.release_independent
+def test_sigterm_answers_waiting_generations_503_and_exits_promptly(router_factory):
+    """A generation waits for a routable worker (the only one is down); on
+    SIGTERM it gets a 503 saying the router is shutting down, and the router
+    exits within its shutdown grace instead of holding it up to --route-wait
+    (60 s by default)."""
+    router = router_factory([f"http://127.0.0.1:{free_port()}"])
+    answers: list[requests.Response] = []
+    waiting = threading.Thread(target=lambda: answers.append(generate(router.url)))
+    waiting.start()
+    wait_for(
+        lambda: requests.get(router.url + "/workers", timeout=10).json()[
+            "waiting_generations"
+        ],
+        30,
+        "the generation to wait for a worker",
+    )
+    t0 = time.monotonic()
+    router.proc.terminate()
+    router.proc.wait(30)
+    exited_after = time.monotonic() - t0
+    waiting.join(30)
+    assert answers and answers[0].status_code == 503, answers
+    assert "shutting down" in answers[0].text, answers[0].text
+    # Well under the 60 s a waiting generation held it before.
+    assert exited_after < 15, f"exited {exited_after:.1f}s after SIGTERM"

@@ -42,9 +42,11 @@ import os
 import secrets
 import time
 from dataclasses import asdict, dataclass
+from types import FrameType
 from typing import Any, Optional, Union
 
 import httpx
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -168,6 +170,10 @@ class Router:
         self.events: collections.deque[_Event] = collections.deque(maxlen=10000)
         self.routable = asyncio.Condition()
         self._next = 0
+        # Set on SIGTERM/SIGINT: generations waiting for a worker get a 503.
+        self.closing = False
+        # Generations waiting for a routable worker now.
+        self.waiting = 0
         self.http = httpx.AsyncClient(timeout=config.request_timeout)
         self.metrics = router_metrics.RouterMetrics(
             self.workers, LOCKED_ROUTES + OTHER_ADMIN_ROUTES, LOCKED_ROUTES
@@ -303,6 +309,13 @@ class Router:
     # --- generation ------------------------------------------------------------
 
     async def pick(self) -> Worker:
+        self.waiting += 1
+        try:
+            return await self._pick()
+        finally:
+            self.waiting -= 1
+
+    async def _pick(self) -> Worker:
         deadline = time.monotonic() + self.config.route_wait
         async with self.routable:
             while True:
@@ -316,6 +329,8 @@ class Router:
                     w.routed += 1
                     self.log("route", w.url)
                     return w
+                if self.closing:
+                    raise LookupError("the router is shutting down")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise LookupError(
@@ -584,6 +599,7 @@ class Router:
         return {
             "fleet_weight_version": self.fleet_version,
             "admin_lock": self.admin_holder or None,
+            "waiting_generations": self.waiting,
             "workers": [
                 {**asdict(w), "routable": w.routable, "state": self._state(w)}
                 for w in self.workers
@@ -820,8 +836,6 @@ def create_app(config: RouterConfig) -> FastAPI:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    import uvicorn
-
     ap = argparse.ArgumentParser(
         prog="rlsync router", description=__doc__.split("\n\n", 1)[0]
     )
@@ -877,5 +891,32 @@ def main(argv: Optional[list[str]] = None) -> int:
         app = create_app(config)
     except ValueError as e:  # a malformed key: the message names it, not its value
         ap.error(str(e))
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    server = _RouterServer(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+        ),
+        app.state.router,
+    )
+    server.run()
     return 0
+
+
+# On SIGTERM or SIGINT: how long relayed generations may go on before the
+# router exits; generations still waiting for a worker get a 503 at once.
+SHUTDOWN_GRACE_S = 3
+
+
+class _RouterServer(uvicorn.Server):
+    """uvicorn's server, telling the router when a signal asks it to exit."""
+
+    def __init__(self, config: uvicorn.Config, router: Router):
+        super().__init__(config)
+        self.router = router
+
+    def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
+        self.router.closing = True
+        super().handle_exit(sig, frame)
