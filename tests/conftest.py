@@ -252,10 +252,15 @@ KEYED_ENV_ADMIN_KEY = "env-admin-k3y-overridden"
 def keyed_server(request, tiny_model):
     """A patched TP 1 server with an admin key and an ordinary API key (and
     another admin key in SGLANG_ADMIN_API_KEY, which the flag overrides),
-    shared by the modules that need keys set (one start instead of one per
-    module)."""
+    logging requests with the Authorization header asked for, shared by the
+    modules that need keys set (one start instead of one per module)."""
     keys = ["--admin-api-key", KEYED_ADMIN_KEY, "--api-key", KEYED_API_KEY]
-    env = {"SGLANG_ADMIN_API_KEY": KEYED_ENV_ADMIN_KEY}
+    # Request logs asked to carry the Authorization header: it never appears.
+    keys += ["--log-requests", "--weight-update-max-tensor-request-mb", "1"]
+    env = {
+        "SGLANG_ADMIN_API_KEY": KEYED_ENV_ADMIN_KEY,
+        "SGLANG_LOG_REQUEST_HEADERS": "authorization,x-rlsync-trace",
+    }
     server = _start(request, tiny_model, 1, False, keys, env, name="session-keyed")
     request.addfinalizer(server.stop)
     return server

@@ -145,9 +145,20 @@ def test_every_admin_endpoint_needs_the_admin_key(
 
 @pytest.mark.needs("secret_redaction")
 def test_no_answer_or_log_line_carries_a_key(keyed_server):
-    """The keyed server has all three keys: flag, environment, --api-key."""
+    """The keyed server has all three keys (flag, environment, --api-key) and
+    logs requests with SGLANG_LOG_REQUEST_HEADERS=authorization,x-rlsync-trace:
+    the trace header is logged, the Authorization header never."""
     server = keyed_server
     keys = (KEYED_ADMIN_KEY, KEYED_API_KEY, KEYED_ENV_ADMIN_KEY)
+    trace = f"trace-{free_port()}"
+    resp = requests.post(
+        server.url + "/generate",
+        json={"text": "log me", "sampling_params": {"max_new_tokens": 2}},
+        headers={"Authorization": f"Bearer {KEYED_API_KEY}", "X-Rlsync-Trace": trace},
+        timeout=60,
+    )
+    assert resp.status_code == 200, resp.text
+    server.wait_for_log(trace, timeout=30)
     for path in ("/server_info", "/get_server_info"):
         resp = call(server.url, "GET", path, KEYED_API_KEY)
         assert resp.status_code == 200, resp.text

@@ -197,6 +197,29 @@ def test_complete_flags_are_booleans_not_numbers(keyed, field):
     assert field in resp.text
 
 
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/complete_weights_update",
+        "/abort_weights_update",
+        "/destroy_weights_update_group",
+        "/init_weights_update_group",
+        "/update_weights_from_disk",
+        "/weights_checker",
+    ],
+)
+def test_a_malformed_body_is_answered_without_the_servers_paths(keyed, path):
+    """A 400 names the fields; it never says where the server's code lives
+    (FastAPI appends the endpoint's source file and line to its message)."""
+    payload = {"group_name": 5, "flush_cache": 1, "model_path": 7, "action": 7}
+    payload.update(master_address=[], master_port="x", world_size="y")
+    resp = admin(keyed.url, path, payload)
+    assert resp.status_code == 400, resp.text
+    assert "validation error" in resp.text, resp.text
+    for leak in ('File "', "site-packages", "http_server", ".py"):
+        assert leak not in resp.text, (path, resp.text)
+
+
 def group(url: str) -> str:
     """An update group with nobody on the far side: prepare never sends."""
     name = f"hostile_{free_port()}"
@@ -290,6 +313,29 @@ def test_an_oversized_weight_update_body_is_413_before_it_is_parsed(keyed):
         timeout=60,
     )
     assert generated.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/update_weights_from_tensor",
+        "/update_weights_from_ipc",
+        "/load_lora_adapter",
+        "/load_lora_adapter_from_tensors",
+    ],
+)
+def test_tensor_and_adapter_bodies_are_bounded_by_their_own_flag(keyed, path):
+    """The keyed server runs with --weight-update-max-tensor-request-mb 1:
+    a 2 MiB body is a 413 naming that flag before it is parsed; a small one
+    goes on to the route (a 400 for its malformed fields, not a 413)."""
+    big = json.dumps({"serialized_named_tensors": ["x" * (2 << 20)]})
+    resp = admin(keyed.url, path, big)
+    assert resp.status_code == 413, resp.text[:200]
+    assert resp.json()["message"] == (
+        "body: larger than the 1 MiB --weight-update-max-tensor-request-mb allows"
+    )
+    small = admin(keyed.url, path, {"serialized_named_tensors": 5, "lora_name": 5})
+    assert small.status_code == 400, small.text[:200]
 
 
 def test_a_large_bad_prepare_body_is_checked_off_the_event_loop(keyed):

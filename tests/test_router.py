@@ -16,6 +16,7 @@ import time
 
 import pytest
 import requests
+from conftest import KEYED_ADMIN_KEY, KEYED_API_KEY
 from fastapi.testclient import TestClient
 
 from harness.cpu_sglang import free_port
@@ -302,11 +303,9 @@ def test_restarted_worker_waits_for_the_fleet_version(
         restarted.stop()
 
 
-def test_router_admin_key_and_forwarded_authorization(start_server, router_factory):
-    key, api_key = "r0uter-adm1n", "w0rker-api-key"
-    worker = start_server(
-        env={"SGLANG_ADMIN_API_KEY": key}, extra_args=["--api-key", api_key]
-    )
+def test_router_admin_key_and_forwarded_authorization(keyed_server, router_factory):
+    """The worker is the shared keyed server (an admin key and --api-key)."""
+    key, api_key, worker = KEYED_ADMIN_KEY, KEYED_API_KEY, keyed_server
     router = router_factory(
         [worker.url], "--admin-api-key", key, "--worker-api-key", api_key
     )
@@ -361,7 +360,8 @@ def test_router_admin_key_and_forwarded_authorization(start_server, router_facto
     # The router read the worker's TP size and weight version with its key.
     described = requests.get(router.url + "/workers", headers=right, timeout=10)
     (w,) = described.json()["workers"]
-    assert w["tp_size"] == 1 and w["weight_version"] == "default", w
+    version = client.get_weight_version(worker.url, api_key=api_key)
+    assert w["tp_size"] == 1 and w["weight_version"] == version, w
     events = requests.get(router.url + "/events", headers=right, timeout=10).json()
     assert not [e for e in events if e["kind"] == "unreadable"], events
     # The caller's API key goes with generation requests.
@@ -377,12 +377,12 @@ def test_router_admin_key_and_forwarded_authorization(start_server, router_facto
 
 @pytest.mark.release_independent
 def test_router_without_the_workers_key_says_what_it_could_not_read(
-    start_server, router_factory
+    keyed_server, router_factory
 ):
-    """A worker under --api-key answers the router's reads with 401s: the
-    router says so, naming the worker and each field, in its log and events,
-    instead of silently using None."""
-    worker = start_server(extra_args=["--api-key", "w0rker-api-key"])
+    """A worker under --api-key (the shared keyed server) answers the
+    router's reads with 401s: the router says so, naming the worker and each
+    field, in its log and events, instead of silently using None."""
+    worker = keyed_server
     router = router_factory([worker.url], "--health-interval", "600")
     events = router.events()
     unread = {e["detail"].split(":")[0]: e for e in events if e["kind"] == "unreadable"}

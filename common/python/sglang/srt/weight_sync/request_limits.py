@@ -1,5 +1,9 @@
 """Bound and check the bodies of weight-update requests before they are parsed.
 
+Weight-update routes take --weight-update-max-request-mb; the routes whose
+bodies carry tensors or adapters (/update_weights_from_tensor, _from_ipc, the
+LoRA routes) take their own, larger --weight-update-max-tensor-request-mb.
+
 FastAPI parses a JSON body on the event loop: a 60 MB /prepare_weights_update
 (a million names) held every other request, generation included, for
 seconds before validation could refuse it. This ASGI middleware reads the
@@ -15,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any, Awaitable, Callable, Dict, FrozenSet, Optional
+from typing import Any, Awaitable, Callable, Dict, FrozenSet, Optional, Tuple
 
 WEIGHT_UPDATE_ROUTES: FrozenSet[str] = frozenset(
     {
@@ -31,22 +35,42 @@ WEIGHT_UPDATE_ROUTES: FrozenSet[str] = frozenset(
         "/update_weight_version",
     }
 )
+# Routes whose bodies carry serialized tensors, IPC handles or adapters.
+TENSOR_BODY_ROUTES: FrozenSet[str] = frozenset(
+    {
+        "/update_weights_from_tensor",
+        "/update_weights_from_ipc",
+        "/load_lora_adapter",
+        "/load_lora_adapter_from_tensors",
+        "/unload_lora_adapter",
+    }
+)
 # A \\uD800-\\uDFFF escape; whether it is lone is decided by parsing.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class WeightUpdateBodyLimit:
-    def __init__(self, app: Any, limit_bytes: int):
+    def __init__(
+        self, app: Any, limit_bytes: int, tensor_limit_bytes: Optional[int] = None
+    ):
         self.app = app
-        self.limit = limit_bytes
+        self.limits: Dict[str, Tuple[int, str]] = {
+            route: (limit_bytes, "--weight-update-max-request-mb")
+            for route in WEIGHT_UPDATE_ROUTES
+        }
+        if tensor_limit_bytes is not None:
+            flag = "--weight-update-max-tensor-request-mb"
+            for route in TENSOR_BODY_ROUTES:
+                self.limits[route] = (tensor_limit_bytes, flag)
 
     async def __call__(self, scope: Dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or scope["path"] not in WEIGHT_UPDATE_ROUTES:
+        if scope["type"] != "http" or scope["path"] not in self.limits:
             await self.app(scope, receive, send)
             return
+        limit, flag = self.limits[scope["path"]]
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.limit:
-            await self._refuse(send)
+        if length.isdigit() and int(length) > limit:
+            await self._refuse(send, limit, flag)
             return
         chunks, size, more = [], 0, True
         while more:
@@ -56,8 +80,8 @@ class WeightUpdateBodyLimit:
                 return
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
-            if size > self.limit:
-                await self._refuse(send)
+            if size > limit:
+                await self._refuse(send, limit, flag)
                 return
             more = message.get("more_body", False)
         raw = b"".join(chunks)
@@ -71,12 +95,9 @@ class WeightUpdateBodyLimit:
         body = {"type": "http.request", "body": raw, "more_body": False}
         await self.app(scope, _replay([body], receive), send)
 
-    async def _refuse(self, send: Callable) -> None:
+    async def _refuse(self, send: Callable, limit: int, flag: str) -> None:
         await _answer(
-            send,
-            413,
-            f"body: larger than the {self.limit // 2**20} MiB "
-            f"--weight-update-max-request-mb allows",
+            send, 413, f"body: larger than the {limit / 2**20:g} MiB {flag} allows"
         )
 
 

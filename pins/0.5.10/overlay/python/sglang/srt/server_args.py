@@ -386,6 +386,7 @@ class ServerArgs:
     weight_update_staging_budget_mb: Optional[float] = None
     weight_update_staging: str = "device"
     weight_update_max_request_mb: float = 16
+    weight_update_max_tensor_request_mb: float = 2048
     dist_timeout: Optional[int] = None  # timeout for torch.distributed
     download_dir: Optional[str] = None
     model_checksum: Optional[str] = None
@@ -4225,6 +4226,12 @@ class ServerArgs:
             type=float,
             default=ServerArgs.weight_update_max_request_mb,
             help="Largest body of a weight-update request (bucket metadata and the like), in MiB; larger bodies are refused with a 413 before they are parsed.",
+        )
+        parser.add_argument(
+            "--weight-update-max-tensor-request-mb",
+            type=float,
+            default=ServerArgs.weight_update_max_tensor_request_mb,
+            help="Largest body of a request that carries tensors or an adapter (/update_weights_from_tensor, /update_weights_from_ipc, the LoRA routes), in MiB; larger bodies are refused with a 413 before they are parsed.",
         )
         parser.add_argument(
             "--dist-timeout",

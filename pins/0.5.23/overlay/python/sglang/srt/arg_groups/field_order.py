@@ -555,6 +555,7 @@ POSITIONAL_FIELD_ORDER = (
     "weight_update_staging_budget_mb",
     "weight_update_staging",
     "weight_update_max_request_mb",
+    "weight_update_max_tensor_request_mb",
     "weight_update_health_deadline",
 )
 # fmt: on

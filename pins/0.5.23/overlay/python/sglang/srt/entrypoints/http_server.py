@@ -642,6 +642,15 @@ async def validation_exception_handler(request: Request, exc: HTTPException):
     return ORJSONResponse(content=error.model_dump(), status_code=exc.status_code)
 
 
+def _validation_summary(errors) -> str:
+    """What str(RequestValidationError) says, without the endpoint's source
+    file and line that FastAPI appends to it: a client learns which fields
+    are wrong, never where the server's code lives."""
+    lines = [f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:"]
+    lines += [f"  {error}" for error in errors]
+    return "\n".join(lines)
+
+
 # Custom exception handlers to change validation error status codes
 @app.exception_handler(RequestValidationError)
 async def validation_exception_handler(request: Request, exc: RequestValidationError):
@@ -673,7 +682,7 @@ async def validation_exception_handler(request: Request, exc: RequestValidationE
             content={"detail": jsonable_encoder(detail)},
         )
 
-    exc_str = str(exc)
+    exc_str = _validation_summary(exc.errors())
     errors_str = str(exc.errors())
 
     if errors_str and errors_str != exc_str:
@@ -2956,6 +2965,9 @@ def _setup_and_run_http_server(
     app.add_middleware(
         WeightUpdateBodyLimit,
         limit_bytes=int(server_args.weight_update_max_request_mb * 2**20),
+        tensor_limit_bytes=int(
+            server_args.weight_update_max_tensor_request_mb * 2**20
+        ),
     )
 
     # Pass additional arguments to the lifespan function.

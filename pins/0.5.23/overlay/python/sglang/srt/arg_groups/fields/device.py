@@ -88,6 +88,10 @@ class Device(msgspec.Struct):
         float,
         "Largest body of a weight-update request (bucket metadata and the like), in MiB; larger bodies are refused with a 413 before they are parsed.",
     ] = 16
+    weight_update_max_tensor_request_mb: A[
+        float,
+        "Largest body of a request that carries tensors or an adapter (/update_weights_from_tensor, /update_weights_from_ipc, the LoRA routes), in MiB; larger bodies are refused with a 413 before they are parsed.",
+    ] = 2048
     sleep_on_idle: A[bool, "Reduce CPU usage when sglang is idle."] = False
     use_ray: A[
         bool,
