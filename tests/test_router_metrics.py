@@ -26,11 +26,14 @@ NOBODY = "http://127.0.0.1:9"  # nothing listens: a worker dead from the start
 class FakeWorker:
     """An SGLang worker as the router sees it: `/health`, `/server_info`,
     `/model_info`, `/generate`, and admin routes answering success, except
-    the routes in `fail` (a 500 with `success: false`) and those in `hold`
-    (answered once their event is set)."""
+    the routes in `fail` (a 500 with `success: false`), those in `answers`
+    (that status and body) and those in `hold` (answered once their event is
+    set). `bodies` records each POST's JSON body by route."""
 
     def __init__(self) -> None:
         self.fail: set[str] = set()
+        self.answers: dict[str, tuple[int, Any]] = {}
+        self.bodies: dict[str, list[Any]] = {}
         self.hold: dict[str, threading.Event] = {}
         self.holding = threading.Event()  # a held route has been asked
         worker = self
@@ -59,7 +62,13 @@ class FakeWorker:
                     self.answer(404, {"detail": "Not Found"})
 
             def do_POST(self) -> None:
-                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    worker.bodies.setdefault(self.path, []).append(json.loads(raw))
+                except ValueError:
+                    pass
+                if self.path in worker.answers:
+                    return self.answer(*worker.answers[self.path])
                 if self.path == "/generate":
                     return self.answer(200, {"text": "fake"})
                 if self.path in worker.hold:
@@ -279,3 +288,36 @@ def test_worker_gauges_follow_disable_enable_and_routing(fake_workers):
         assert value(samples, WORKERS, state="ready") == 2
         assert value(samples, WORKERS, state="disabled") == 0
         assert value(samples, WORKER_STATE, worker=b.url, state="ready") == 1
+
+
+def test_a_prepare_reaches_every_worker_with_one_session_and_honest_awaits(
+    fake_workers,
+):
+    """A prepare without a session id gets one id, the same on every worker.
+    A refusal says `awaits_abort_header` only when every worker's ranks wait
+    for the trainer's abort header (ready, or refused and waiting): a trainer
+    that broadcast it while one worker posted nothing would hang."""
+    a, b = fake_workers(2)
+    ready = (200, {"status": "ready", "message": "", "session_id": "s" * 24})
+    waiting = (413, {"status": "error", "message": "big", "awaits_abort_header": True})
+    refused = (
+        409,
+        {"status": "error", "message": "open", "awaits_abort_header": False},
+    )
+    body = {"num_buckets": 1, "buckets": [], "group_name": "g"}
+    with router_client([a.url, b.url]) as http:
+        for answer_a, answer_b, awaits in [
+            (ready, waiting, True),
+            (waiting, waiting, True),
+            (waiting, refused, False),
+            (ready, refused, False),
+        ]:
+            a.answers["/prepare_weights_update"] = answer_a
+            b.answers["/prepare_weights_update"] = answer_b
+            resp = http.post("/prepare_weights_update", json=body, headers=RIGHT)
+            assert resp.json()["awaits_abort_header"] is awaits, (answer_a, answer_b)
+    sent = [w.bodies["/prepare_weights_update"] for w in (a, b)]
+    for first, second in zip(*sent):
+        assert first["session_id"] == second["session_id"]
+        assert len(first["session_id"]) >= 16
+    assert len({body["session_id"] for body in sent[0]}) == len(sent[0])

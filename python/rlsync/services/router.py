@@ -547,6 +547,13 @@ class Router:
             ]
         if "status" in merged:
             merged["status"] = "ready" if ok else "error"
+        if any("awaits_abort_header" in d for d in dicts):
+            # The trainer may broadcast the abort header only if every
+            # worker's ranks wait for it: ready, or refused and waiting.
+            merged["awaits_abort_header"] = len(dicts) == len(answers) and all(
+                d.get("status") == "ready" or d.get("awaits_abort_header") is True
+                for d in dicts
+            )
         failures = [
             f"{a['url']}: {_message(a.get('answer', a.get('message')))}"
             for a in answers
