@@ -11,12 +11,15 @@ from typing import Iterator
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from harness.cpu_sglang import Server, free_port
 from harness.server_faults import fault_env
-from harness.trainer import gloo_sender
+from harness.trainer import GlooTrainer, gloo_sender
 from harness.weights import Weights, perturbed
 from rlsync import client
+from rlsync.bucket_header import DATA, make_header
+from rlsync.protocol import BucketMetadata
 from rlsync.sender import Engine, SyncError, WeightSender
 from rlsync.stream import specs_of
 
@@ -149,3 +152,72 @@ def test_a_stream_that_fails_mid_sync_aborts_in_band(
     assert result.success, result.engines
     assert all(serves(url, new) for url in (fault_server.url, server_tp1.url))
     sender.sync(model_weights, weight_version="restored")
+
+
+@pytest.fixture
+def raw_trainer(server_tp1) -> Iterator[GlooTrainer]:
+    """Rank 0 of a group with the shared TP 1 server, sending by hand."""
+    trainer = GlooTrainer([server_tp1.url], [1], group_name=f"raw_{free_port()}")
+    yield trainer
+    trainer.close()
+
+
+def framed_prepare(trainer: GlooTrainer, weights: Weights, session_id: str):
+    return client.prepare_weights_update(
+        trainer.urls[0],
+        [BucketMetadata([NAME], ["bfloat16"], [list(dict(weights)[NAME].shape)])],
+        group_name=trainer.group_name,
+        load_format="flattened_bucket",
+        session_id=session_id,
+        framed=True,
+    )
+
+
+@pytest.mark.needs("in_band_abort")
+def test_a_refused_session_that_gets_a_data_header_gives_the_group_up(
+    raw_trainer, model_weights
+):
+    """A buggy sender broadcasts bucket 0's header to an engine that refused
+    the prepare: no rank there takes the bucket that would follow, so the
+    group is out of step and the abort says so (it was reported usable)."""
+    url, session_id = raw_trainer.urls[0], client.new_session_id()
+    with pytest.raises(client.EngineError) as refused:
+        client.prepare_weights_update(
+            url,
+            [BucketMetadata(["model.no_such.weight"], ["bfloat16"], [[4]])],
+            group_name=raw_trainer.group_name,
+            session_id=session_id,
+            framed=True,
+        )
+    assert refused.value.body["awaits_abort_header"] is True, refused.value.body
+    header = make_header(session_id, 0, DATA, "cpu")
+    dist.broadcast(header, src=0, group=raw_trainer.group)
+    answer = client.abort_weights_update(
+        url,
+        group_name=raw_trainer.group_name,
+        session_id=session_id,
+        abort_header_sent=True,
+    )
+    assert answer.success and answer.group_usable is False, answer
+
+
+@pytest.mark.needs("in_band_abort")
+def test_an_abort_header_no_receive_took_gives_the_group_up(raw_trainer, model_weights):
+    """Every bucket arrived, so no receive waits for a header; an abort that
+    says a header was sent cannot have it taken: the group is reported out
+    of step (it was reported usable, with a stray header on the wire)."""
+    url, session_id = raw_trainer.urls[0], client.new_session_id()
+    framed_prepare(raw_trainer, model_weights, session_id)
+    tensor = dict(model_weights)[NAME].contiguous()
+    dist.broadcast(
+        make_header(session_id, 0, DATA, "cpu"), src=0, group=raw_trainer.group
+    )
+    dist.broadcast(tensor.view(torch.uint8), src=0, group=raw_trainer.group)
+    answer = client.abort_weights_update(
+        url,
+        group_name=raw_trainer.group_name,
+        session_id=session_id,
+        abort_header_sent=True,
+    )
+    assert answer.success and answer.group_usable is False, answer
+    assert client.get_weight_version(url) != "raw", "nothing applied"

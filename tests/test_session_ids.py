@@ -99,7 +99,20 @@ def test_a_dead_trainers_late_calls_leave_the_new_trainers_session_alone(
         served = client.get_weights_by_name(url, NAME, truncate_size=10**6)
         sent = dict(new)[NAME]
         assert torch.equal(torch.tensor(served).to(sent.dtype), sent)
+        # No session open now: A's destroy still names a session of the
+        # group as it was before B created it again, and changes nothing.
+        error = refusal(
+            client.destroy_weights_update_group,
+            url,
+            group_name=group,
+            session_id=a_session,
+        )
+        assert "was destroyed since" in str(error), error
         b.sync(model_weights, weight_version="restored")
+        # B's own ended session names the group as it is: B may destroy it.
+        client.destroy_weights_update_group(
+            url, group_name=group, session_id=b.session_id
+        )
     finally:
         b.close()
 
@@ -128,15 +141,18 @@ def test_ids_that_name_no_open_session_are_refused_naming_the_field(
             session_id=ended,
         )
         assert error.status == 409 and f"'{ended}' has ended (applied)" in str(error)
-        # An id names one session: a prepare may not reuse it.
+        # An id names one session: a prepare may not reuse it, and a late
+        # duplicate of a framed prepare opens nothing that waits.
         error = refusal(
             client.prepare_weights_update,
             url,
             one_bucket(model_weights),
             group_name=sender.group_name,
             session_id=ended,
+            framed=True,
         )
         assert error.status == 409 and "named an earlier session" in str(error)
+        assert error.body.get("awaits_abort_header") is False, error.body
 
         for path, body in [
             ("/prepare_weights_update", {"num_buckets": 1, "buckets": []}),

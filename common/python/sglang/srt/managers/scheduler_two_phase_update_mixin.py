@@ -112,6 +112,14 @@ class _Session:
     serving_stall_seconds: float = 0.0
 
 
+@dataclass
+class _EndedSession:
+    outcome: str
+    group_name: str
+    # The group was destroyed since: a group of that name now is another one
+    group_gone: bool = False
+
+
 def _known_name_checker(model) -> Optional[Callable[[str], bool]]:
     """Names the model's loader accepts, where the model can tell: models that
     declare `stacked_params_mapping` (Llama and its kin). Others accept any
@@ -155,7 +163,9 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         if session is not None and session.session_id is not None:
             if self._ended_sessions is None:
                 self._ended_sessions = OrderedDict()
-            self._ended_sessions[session.session_id] = outcome
+            self._ended_sessions[session.session_id] = _EndedSession(
+                outcome, session.group_name
+            )
             while len(self._ended_sessions) > _ENDED_SESSIONS_KEPT:
                 self._ended_sessions.popitem(last=False)
         self._two_phase_session = None
@@ -204,7 +214,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             return None
         ended = (self._ended_sessions or {}).get(session_id)
         what = (
-            f"session '{session_id}' has ended ({ended})"
+            f"session '{session_id}' has ended ({ended.outcome})"
             if ended is not None
             else f"no session '{session_id}' was opened on this server"
         )
@@ -214,6 +224,43 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             f"session_id: {what}; the open session is '{session.session_id}' on "
             f"group '{session.group_name}' and stays as it is: did not {operation}"
         )
+
+    def two_phase_destroy_fence(
+        self: Scheduler, group_name: str, session_id: Optional[str]
+    ) -> Optional[str]:
+        """Why a destroy of `group_name` naming `session_id` may not run. It
+        may when the session is the open one (the destroy aborts it), or when
+        it was the group's and the group is still the one it used, with no
+        other session open on it; not when the group was destroyed and
+        created again since (another trainer's, maybe), nor for an id this
+        server does not know. None without an id."""
+        if session_id is None:
+            return None
+        session = self._two_phase_session
+        if session is not None and session.session_id == session_id:
+            return None
+        other_open = session is not None and session.group_name == group_name
+        ended = (self._ended_sessions or {}).get(session_id)
+        if ended is None or other_open or ended.group_name != group_name:
+            return self.two_phase_session_fence(
+                session_id, f"destroy group '{group_name}'"
+            ) or (
+                f"session_id: session '{session_id}' was on group "
+                f"'{ended.group_name}', not '{group_name}': not destroyed"
+            )
+        if ended.group_gone:
+            return (
+                f"session_id: session '{session_id}' has ended ({ended.outcome}) "
+                f"and group '{group_name}' was destroyed since; the group of "
+                f"that name now is another one: not destroyed"
+            )
+        return None
+
+    def _forget_group(self: Scheduler, group_name: str) -> None:
+        """The group is destroyed: sessions that used it are stale for it."""
+        for ended in (self._ended_sessions or {}).values():
+            if ended.group_name == group_name:
+                ended.group_gone = True
 
     def maybe_yield_to_weight_receiver(self: Scheduler) -> None:
         """Without --sleep-on-idle an idle scheduler polls its sockets in a
@@ -419,9 +466,13 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         engines of the group do, for the abort header the sender broadcasts
         in place of bucket 0, so that the group stays usable everywhere. The
         session then waits for an abort. False where nothing can be posted:
-        no such group, or a session already holds this server."""
+        no such group, a session already holds this server, or the id is an
+        earlier session's (a late duplicate of its prepare: nothing waits)."""
         group = self._update_groups.get(recv_req.group_name)
+        reused_id = recv_req.session_id in (self._ended_sessions or {})
         if not recv_req.framed or group is None or self._two_phase_session:
+            return False
+        if reused_id:
             return False
         receiver = RefusedSessionReceiver(
             group,
@@ -721,6 +772,8 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         self._end_two_phase_session(
             True, f"{outcome}: {reason}" if outcome == FAILED else outcome
         )
+        if not usable:
+            self._forget_group(session.group_name)
         return usable
 
     def two_phase_session_conflict(
@@ -757,10 +810,12 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         """Before the group is destroyed: discard a session open on it, so
         that nothing frees the group under a posted receive."""
         session = self._two_phase_session
-        if session is None or session.group_name != group_name:
-            return None
-        self._discard_two_phase_session(session, ABORTED)
-        return "the weight update session open on it was aborted (the served weights are unchanged)"
+        aborted = None
+        if session is not None and session.group_name == group_name:
+            self._discard_two_phase_session(session, ABORTED)
+            aborted = "the weight update session open on it was aborted (the served weights are unchanged)"
+        self._forget_group(group_name)
+        return aborted
 
     def abort_weights_update(
         self: Scheduler, recv_req: AbortWeightsUpdateReqInput

@@ -340,6 +340,11 @@ class GroupReceiver:
         end by itself first (the sender aborted in band)."""
         if sender_grace > 0 and self._header is not None:
             self._done.wait(sender_grace)
+            if not self.sender_aborted:
+                # No receive here took the abort header the sender says it
+                # sent (every bucket had arrived, or it came too late): it
+                # is on the wire, and the group is out of step.
+                self.out_of_step = True
         self._abort.set()
         self._done.wait(timeout)
         return self._done.is_set() and not self.pending_works and not self.out_of_step
@@ -432,7 +437,14 @@ class RefusedSessionReceiver(GroupReceiver):
 
     def _receive_all(self) -> None:
         self._started.set()
-        self._header_for(0)
+        if self._header_for(0):
+            # Bucket 0 follows, and no rank here posts a receive for it: the
+            # sender did not hear the refusal, and the group is out of step.
+            self.out_of_step = True
+            self.error = (
+                "bucket 0: the sender sent data to a session whose prepare was "
+                "refused, not the abort header"
+            )
 
 
 class StagedWeightReceiver(GroupReceiver):

@@ -1591,7 +1591,8 @@ class AbortWeightsUpdateReqOutput(BaseReq):
 @dataclass
 class DestroyWeightsUpdateGroupReqInput(BaseReq):
     group_name: str = "weight_update_group"
-    # With an open session on the group: destroy only if it is this one
+    # Destroy only if this session is the open one, or the group's last one
+    # (the group not destroyed and created again since); refused otherwise
     session_id: Optional[str] = None
 
     def __post_init__(self):

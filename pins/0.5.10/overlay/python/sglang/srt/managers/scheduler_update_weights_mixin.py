@@ -93,10 +93,8 @@ class SchedulerUpdateWeightsMixin:
         self: Scheduler, recv_req: DestroyWeightsUpdateGroupReqInput
     ):
         """Destroy the online model parameter update group."""
-        fenced = self.two_phase_session_fence(
-            recv_req.session_id, f"destroy group '{recv_req.group_name}'"
-        )
-        if fenced and self._open_session_group() == recv_req.group_name:
+        fenced = self.two_phase_destroy_fence(recv_req.group_name, recv_req.session_id)
+        if fenced:
             return DestroyWeightsUpdateGroupReqOutput(False, fenced)
         aborted = self.abort_two_phase_session_on_group(recv_req.group_name)
         success, message = self.tp_worker.destroy_weights_update_group(recv_req)

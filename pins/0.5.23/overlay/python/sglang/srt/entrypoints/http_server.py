@@ -2965,9 +2965,7 @@ def _setup_and_run_http_server(
     app.add_middleware(
         WeightUpdateBodyLimit,
         limit_bytes=int(server_args.weight_update_max_request_mb * 2**20),
-        tensor_limit_bytes=int(
-            server_args.weight_update_max_tensor_request_mb * 2**20
-        ),
+        tensor_limit_bytes=int(server_args.weight_update_max_tensor_request_mb * 2**20),
     )
 
     # Pass additional arguments to the lifespan function.

@@ -25,8 +25,8 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import re
 import pickle
+import re
 import uuid
 from array import array
 from collections import Counter
@@ -2331,7 +2331,8 @@ class AbortWeightsUpdateReqOutput(BaseReq, kw_only=True):
 
 class DestroyWeightsUpdateGroupReqInput(BaseReq, kw_only=True):
     group_name: str = "weight_update_group"
-    # With an open session on the group: destroy only if it is this one
+    # Destroy only if this session is the open one, or the group's last one
+    # (the group not destroyed and created again since); refused otherwise
     session_id: Optional[str] = None
 
     def __post_init__(self):

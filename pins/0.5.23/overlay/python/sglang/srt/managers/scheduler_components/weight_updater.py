@@ -191,10 +191,10 @@ class SchedulerWeightUpdaterManager:
         """Destroy the online model parameter update group."""
         aborted = None
         if self.scheduler is not None:
-            fenced = self.scheduler.two_phase_session_fence(
-                recv_req.session_id, f"destroy group '{recv_req.group_name}'"
+            fenced = self.scheduler.two_phase_destroy_fence(
+                recv_req.group_name, recv_req.session_id
             )
-            if fenced and self.scheduler._open_session_group() == recv_req.group_name:
+            if fenced:
                 return DestroyWeightsUpdateGroupReqOutput(success=False, message=fenced)
             aborted = self.scheduler.abort_two_phase_session_on_group(
                 recv_req.group_name
