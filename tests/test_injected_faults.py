@@ -173,6 +173,15 @@ def framed_prepare(trainer: GlooTrainer, weights: Weights, session_id: str):
     )
 
 
+def abort_saying_a_header_was_sent(trainer: GlooTrainer, session_id: str):
+    return client.abort_weights_update(
+        trainer.urls[0],
+        group_name=trainer.group_name,
+        session_id=session_id,
+        abort_header_sent=True,
+    )
+
+
 @pytest.mark.needs("in_band_abort")
 def test_a_refused_session_that_gets_a_data_header_gives_the_group_up(
     raw_trainer, model_weights
@@ -192,12 +201,7 @@ def test_a_refused_session_that_gets_a_data_header_gives_the_group_up(
     assert refused.value.body["awaits_abort_header"] is True, refused.value.body
     header = make_header(session_id, 0, DATA, "cpu")
     dist.broadcast(header, src=0, group=raw_trainer.group)
-    answer = client.abort_weights_update(
-        url,
-        group_name=raw_trainer.group_name,
-        session_id=session_id,
-        abort_header_sent=True,
-    )
+    answer = abort_saying_a_header_was_sent(raw_trainer, session_id)
     assert answer.success and answer.group_usable is False, answer
 
 
@@ -213,11 +217,6 @@ def test_an_abort_header_no_receive_took_gives_the_group_up(raw_trainer, model_w
         make_header(session_id, 0, DATA, "cpu"), src=0, group=raw_trainer.group
     )
     dist.broadcast(tensor.view(torch.uint8), src=0, group=raw_trainer.group)
-    answer = client.abort_weights_update(
-        url,
-        group_name=raw_trainer.group_name,
-        session_id=session_id,
-        abort_header_sent=True,
-    )
+    answer = abort_saying_a_header_was_sent(raw_trainer, session_id)
     assert answer.success and answer.group_usable is False, answer
     assert client.get_weight_version(url) != "raw", "nothing applied"
