@@ -44,6 +44,11 @@ from sglang.srt.weight_sync.digest import (
 LOAD_FORMATS = (None, "flattened_bucket")
 # How often a waiting receiver checks for an abort.
 _ABORT_POLL = timedelta(seconds=0.2)
+# How often a CUDA receive is checked for completion; a header, once the
+# bucket before it is in, more often: it follows at once, and the next bucket
+# is posted only once it is read.
+_CUDA_POLL_S = 0.0005
+_CUDA_HEADER_POLL_S = 0.00005
 _DTYPES: Dict[str, torch.dtype] = {
     name: dtype
     for name, dtype in vars(torch).items()
@@ -382,12 +387,13 @@ class GroupReceiver:
     def _receive_all(self) -> None:
         raise NotImplementedError
 
-    def _header_for(self, index: int) -> bool:
-        """The sender's header before bucket `index`: True when the bucket
-        follows; False when the sender aborted or is out of step (`error`
-        says which), or this receive was aborted."""
+    def _header_for(self, index: int, after: Optional[dist.Work] = None) -> bool:
+        """The sender's header before bucket `index` (sent right `after` the
+        bucket before it, if given): True when the bucket follows; False when
+        the sender aborted or is out of step (`error` says which), or this
+        receive was aborted."""
         work = self._post(self._header)
-        if work is None or not self._wait(work, self._header.is_cuda):
+        if work is None or not self._wait(work, self._header.is_cuda, after):
             return False
         aborted, problem = read_header(self._header, self.session_id, index)
         if aborted:
@@ -406,13 +412,17 @@ class GroupReceiver:
         self.pending_works.append(work)
         return work
 
-    def _wait(self, work: dist.Work, is_cuda: bool) -> bool:
-        """Wait for one posted receive, checking for an abort meanwhile."""
+    def _wait(
+        self, work: dist.Work, is_cuda: bool, closely_after: Optional[dist.Work] = None
+    ) -> bool:
+        """Wait for one posted receive, checking for an abort meanwhile (on
+        CUDA more often once `closely_after` has completed)."""
         while True:
             if is_cuda:
                 if work.is_completed():
                     break
-                time.sleep(0.0005)
+                close = closely_after is not None and closely_after.is_completed()
+                time.sleep(_CUDA_HEADER_POLL_S if close else _CUDA_POLL_S)
             else:
                 try:
                     work.wait(timeout=_ABORT_POLL)
@@ -544,12 +554,14 @@ class StagedWeightReceiver(GroupReceiver):
                 return
 
     def _receive_flattened_framed(self) -> None:
-        # Header k is waited for before bucket k is posted (a posted receive
-        # cannot be taken back if it says abort); bucket k-1 is verified and
-        # loaded while bucket k arrives.
+        # Header k is read before bucket k is posted (a posted receive cannot
+        # be taken back if it says abort). It follows bucket k-1 on the wire,
+        # so it is watched closely once k-1's bytes are in; then bucket k is
+        # posted, and k-1 verified and loaded while bucket k arrives.
         landing: Optional[Tuple[BucketSpec, dist.Work]] = None
         for bucket in self.buckets:
-            if not self._header_for(bucket.index):
+            after = None if landing is None else landing[1]
+            if not self._header_for(bucket.index, after):
                 if landing is not None:  # it arrived before the header
                     self._wait(landing[1], self._header.is_cuda)
                 return
