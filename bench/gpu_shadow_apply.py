@@ -67,9 +67,10 @@ def load_module(name: str, path: Path):
 
 
 def load_weight_sync(directory: Path):
-    """shadow_params and staged_receiver (with its digest module registered
-    under the name it imports), by file path: the device has no SGLang."""
+    """shadow_params and staged_receiver (with the modules it imports
+    registered under their names), by file path: the device has no SGLang."""
     load_module(DIGEST_MODULE, directory / "digest.py")
+    load_module("sglang.srt.weight_sync.bucket_header", directory / "bucket_header.py")
     receiver = load_module("staged_receiver", directory / "staged_receiver.py")
     shadow = load_module("shadow_params", directory / "shadow_params.py")
     return receiver, shadow

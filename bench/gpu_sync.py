@@ -56,10 +56,12 @@ med = statistics.median
 
 def load_receiver_module():
     """The server's receiver, loaded by path (no SGLang on the GPU machine);
-    its digest import is the trainer's generated copy of the same module."""
-    sys.modules.setdefault(
-        "sglang.srt.weight_sync.digest", importlib.import_module("rlsync.digest")
-    )
+    its digest and header imports are the trainer's generated copies of the
+    same modules."""
+    for name in ("digest", "bucket_header"):
+        sys.modules.setdefault(
+            f"sglang.srt.weight_sync.{name}", importlib.import_module(f"rlsync.{name}")
+        )
     spec = importlib.util.spec_from_file_location("staged_receiver", RECEIVER)
     module = importlib.util.module_from_spec(spec)
     sys.modules["staged_receiver"] = module

@@ -25,6 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 RECEIVER = "python/sglang/srt/weight_sync/staged_receiver.py"
 DIGEST = "python/sglang/srt/weight_sync/digest.py"
 DIGEST_MODULE = "sglang.srt.weight_sync.digest"
+# The modules beside it that the receiver imports (torch only), by the names
+# it imports them under.
+RECEIVER_IMPORTS = {
+    DIGEST_MODULE: DIGEST,
+    "sglang.srt.weight_sync.bucket_header": (
+        "python/sglang/srt/weight_sync/bucket_header.py"
+    ),
+}
 
 
 def series_source(rel: str) -> Path:
@@ -44,22 +52,23 @@ def load_source(name: str, path: Path) -> ModuleType:
 
 
 def load_receiver_source() -> ModuleType:
-    """The server's staged_receiver and its digest module (they import only
-    torch) from source, without importing sglang."""
-    digest = load_source("digest_source", series_source(DIGEST))
-    saved = sys.modules.get(DIGEST_MODULE)
-    sys.modules[DIGEST_MODULE] = digest
+    """The server's staged_receiver and the modules it imports (they import
+    only torch) from source, without importing sglang."""
+    saved = {name: sys.modules.get(name) for name in RECEIVER_IMPORTS}
+    for name, rel in RECEIVER_IMPORTS.items():
+        sys.modules[name] = load_source(name + "_source", series_source(rel))
     try:
         return load_source("staged_receiver_source", series_source(RECEIVER))
     finally:
-        if saved is None:
-            sys.modules.pop(DIGEST_MODULE, None)
-        else:
-            sys.modules[DIGEST_MODULE] = saved
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 server = load_receiver_source()
-server_digest = sys.modules["digest_source"]
+server_digest = sys.modules[DIGEST_MODULE + "_source"]
 bucket_digest = server_digest.digest_bytes
 
 
@@ -81,7 +90,7 @@ def test_the_trainer_digest_is_the_generated_copy_of_the_servers():
     assert header.startswith("# Generated from common/" + DIGEST)
     assert body == (ROOT / "common" / DIGEST).read_text()
     assert trainer_digest.DIGEST_ALGORITHM == server.DIGEST_ALGORITHM == "psum61"
-    assert server.digest_bytes is sys.modules["digest_source"].digest_bytes
+    assert server.digest_bytes is server_digest.digest_bytes
 
 
 def test_server_accepts_its_digests_and_rejects_others_naming_the_field():
@@ -225,18 +234,24 @@ def test_planner_rejects_duplicates_and_bad_budget():
 
 
 def test_receive_module_needs_no_sglang():
-    """Loaded by file path with sglang unimportable, its digest module
-    beside it: the GPU benchmark does this."""
-    receiver, digest = str(series_source(RECEIVER)), str(series_source(DIGEST))
+    """Loaded by file path with sglang unimportable, the modules it imports
+    beside it: the GPU benchmarks do this."""
+    receiver = str(series_source(RECEIVER))
     code = (
         "import sys, importlib.util\n"
         "class Block:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
         "        if name.split('.')[0] == 'sglang': raise ImportError('sglang blocked')\n"
         "sys.meta_path.insert(0, Block())\n"
-        f"d = importlib.util.spec_from_file_location('{DIGEST_MODULE}', {digest!r})\n"
-        f"dm = importlib.util.module_from_spec(d); sys.modules['{DIGEST_MODULE}'] = dm\n"
-        "d.loader.exec_module(dm)\n"
+    )
+    for name, rel in RECEIVER_IMPORTS.items():
+        path = str(series_source(rel))
+        code += (
+            f"d = importlib.util.spec_from_file_location({name!r}, {path!r})\n"
+            f"dm = importlib.util.module_from_spec(d); sys.modules[{name!r}] = dm\n"
+            "d.loader.exec_module(dm)\n"
+        )
+    code += (
         f"s = importlib.util.spec_from_file_location('staged_receiver', {receiver!r})\n"
         "m = importlib.util.module_from_spec(s); sys.modules['staged_receiver'] = m\n"
         "s.loader.exec_module(m)\n"
