@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
 import importlib.util
 import json
 import os
@@ -42,7 +41,6 @@ import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
-WEIGHT_SYNC = ROOT / "common/python/sglang/srt/weight_sync"
 SWEEP_MB = (64, 256, 1024)
 
 
@@ -52,16 +50,6 @@ def load(name: str, path: Path):
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-def receiver_module():
-    """The server's receiver, loaded by path; its imports of the digest and
-    header modules are the trainer's generated copies of the same files."""
-    for name in ("digest", "bucket_header"):
-        sys.modules.setdefault(
-            f"sglang.srt.weight_sync.{name}", importlib.import_module(f"rlsync.{name}")
-        )
-    return load("staged_receiver", WEIGHT_SYNC / "staged_receiver.py")
 
 
 class TrainerFailed(RuntimeError):
@@ -81,8 +69,9 @@ def run(rank: int, args, result_path: str) -> None:
     from rlsync.sender import stream_buckets
     from rlsync.stream import TensorStream
 
+    # The 7B-shaped parameters and the receiver loaded by path, as there.
     gpu_sync = load("gpu_sync", ROOT / "bench" / "gpu_sync.py")
-    sr = receiver_module()
+    sr = gpu_sync.load_receiver_module()
     params = gpu_sync.make_params(seed=200 + rank)  # rank 0: new; rank 1: old
     specs = [TensorSpec.of(name, t) for name, t in params]
     world = dist.group.WORLD
