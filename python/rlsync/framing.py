@@ -65,8 +65,10 @@ class BucketFraming:
 def abort_on_failure(
     framing: Optional[BucketFraming], in_flight: Optional[dist.Work]
 ) -> None:
-    """After a failure of the data path: let the bucket on the wire finish,
-    then abort in band, where the group is sound."""
+    """After a failure (an engine refused prepare, the data path broke): let
+    the bucket on the wire finish, then abort in band, where the group is
+    sound. Never raises: a failed abort leaves `aborted` False, and the
+    abort over HTTP then gives the group up."""
     if framing is None or framing.broken:
         return
     try:

@@ -935,7 +935,7 @@ class WeightSender:
             if framing is not None and all(_awaits_abort_header(r) for _, r in failed):
                 # Every engine waits for the header of bucket 0, those that
                 # refused too: abort in band, and every group stays usable.
-                framing.abort()
+                abort_on_failure(framing, None)
                 notes = self._abort_all(abort_header_sent=framing.aborted)
                 raise SyncError(
                     "prepare",

@@ -241,10 +241,12 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             return None
         other_open = session is not None and session.group_name == group_name
         ended = (self._ended_sessions or {}).get(session_id)
-        if ended is None or other_open or ended.group_name != group_name:
+        if ended is None or other_open:
             return self.two_phase_session_fence(
                 session_id, f"destroy group '{group_name}'"
-            ) or (
+            )
+        if ended.group_name != group_name:
+            return (
                 f"session_id: session '{session_id}' was on group "
                 f"'{ended.group_name}', not '{group_name}': not destroyed"
             )
@@ -470,9 +472,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         earlier session's (a late duplicate of its prepare: nothing waits)."""
         group = self._update_groups.get(recv_req.group_name)
         reused_id = recv_req.session_id in (self._ended_sessions or {})
-        if not recv_req.framed or group is None or self._two_phase_session:
-            return False
-        if reused_id:
+        if not recv_req.framed or group is None or self._two_phase_session or reused_id:
             return False
         receiver = RefusedSessionReceiver(
             group,
@@ -506,7 +506,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                     session.serving_stall_seconds,
                 )
         output.session_open = self._two_phase_session is not None
-        if session is not None and output.status_code != 409:
+        if session is not None and recv_req.session_id in (None, session.session_id):
             output.session_id = session.session_id
         return output
 
