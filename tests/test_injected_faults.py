@@ -220,3 +220,22 @@ def test_an_abort_header_no_receive_took_gives_the_group_up(raw_trainer, model_w
     answer = abort_saying_a_header_was_sent(raw_trainer, session_id)
     assert answer.success and answer.group_usable is False, answer
     assert client.get_weight_version(url) != "raw", "nothing applied"
+
+
+@pytest.mark.needs("in_band_abort")
+def test_a_sender_gone_after_a_header_leaves_the_group_given_up(
+    raw_trainer, model_weights
+):
+    """The sender announces bucket 0 and goes silent (as a killed trainer
+    does): the receive for bucket 0 stays posted, so an abort without the
+    abort header gives the group up, and the old weights keep serving."""
+    url, session_id = raw_trainer.urls[0], client.new_session_id()
+    before = client.get_weights_by_name(url, NAME, truncate_size=10**6)
+    framed_prepare(raw_trainer, model_weights, session_id)
+    header = make_header(session_id, 0, DATA, "cpu")
+    dist.broadcast(header, src=0, group=raw_trainer.group)
+    answer = client.abort_weights_update(
+        url, group_name=raw_trainer.group_name, session_id=session_id
+    )
+    assert answer.success and answer.group_usable is False, answer
+    assert client.get_weights_by_name(url, NAME, truncate_size=10**6) == before
