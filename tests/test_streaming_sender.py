@@ -37,6 +37,7 @@ from rlsync.protocol import (
 )
 from rlsync.sender import Engine, SyncError, WeightSender
 from rlsync.stream import specs_of
+from rlsync.wire import Wire
 
 URLS = ("http://engine-a:30000", "http://engine-b:30000")
 BUCKET_BYTES = 4096
@@ -608,3 +609,76 @@ def test_a_generator_may_reuse_one_buffer_for_every_tensor(sender, fleet):
 
     assert sender.sync_stream(SPECS, into_one_buffer()).success
     check_received(fleet, 8)
+
+
+# --- the wire: every broadcast of a sync, and a faulty transport --------------
+
+
+class RecordingWire(Wire):
+    """Records each broadcast; bucket `corrupt`'s bytes go out with their
+    first byte changed (a copy: the trainer's tensors stay as they are)."""
+
+    def __init__(self, corrupt: Optional[int] = None):
+        self.corrupt = corrupt
+        self.calls: list[tuple[int, bool, int]] = []
+
+    def broadcast(self, tensor, group, *, bucket, header, async_op=False):
+        self.calls.append((bucket, header, tensor.numel() * tensor.element_size()))
+        if bucket == self.corrupt and not header:
+            tensor = tensor.clone()
+            tensor.view(torch.uint8).view(-1)[0] ^= 0xFF
+        return super().broadcast(
+            tensor, group, bucket=bucket, header=header, async_op=async_op
+        )
+
+
+@pytest.mark.parametrize("load_format", ["flattened_bucket", None])
+def test_every_broadcast_of_a_sync_goes_through_the_wire(receiver, fleet, load_format):
+    wire = RecordingWire()
+    sender = make_sender(receiver, wire=wire, load_format=load_format)
+    try:
+        assert sender.sync_stream(SPECS, Tracked(seed=8).tensors()).success
+    finally:
+        sender._pool.shutdown(wait=True)
+    plans = plan_spec_buckets(SPECS, BUCKET_BYTES)
+    if load_format is None:  # one broadcast per tensor
+        want = [(b, False, s.nbytes) for b, p in enumerate(plans) for s in p.specs]
+    else:
+        want = [(b, False, p.nbytes) for b, p in enumerate(plans)]
+    assert wire.calls == want
+    check_received(fleet, 8)
+
+
+def test_a_wire_that_changes_a_byte_is_caught_by_the_digest(receiver, fleet):
+    wire = RecordingWire(corrupt=2)
+    sender = make_sender(receiver, wire=wire)
+    weights = list(zip([s.name for s in SPECS], Tracked(seed=9).tensors()))
+    try:
+        with pytest.raises(SyncError, match=r"verify: .*buckets\[2\]: digest") as err:
+            sender.sync(weights, atomic=True)
+    finally:
+        sender._pool.shutdown(wait=True)
+    assert err.value.group_usable, "every bucket arrived: the group is in step"
+    assert sorted(c.url for c in fleet.of("abort")) == sorted(URLS)
+    assert all(c.kwargs.get("apply") is False for c in fleet.of("complete"))
+
+
+def test_a_sync_error_says_when_the_group_must_be_re_initialised(
+    sender, fleet, monkeypatch
+):
+    """An engine whose abort says the group was left mid-transfer: the
+    SyncError says so in a field a trainer can test, not only in words."""
+
+    def failing(*args, **kwargs):
+        raise MemoryError("the generator failed")
+        yield
+
+    def abort(url: str, **kwargs) -> AbortWeightsUpdateResponse:
+        fleet.abort(url, **kwargs)
+        return AbortWeightsUpdateResponse(success=True, group_usable=url != URLS[1])
+
+    monkeypatch.setattr(client, "abort_weights_update", abort)
+    with pytest.raises(SyncError) as err:
+        sender.sync_stream(SPECS, failing())
+    assert err.value.step == "broadcast" and not err.value.group_usable
+    assert f"{URLS[1]}: group must be re-initialised" in str(err.value)

@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rlsync.bucket_header import ABORT, DATA, make_header
+from rlsync.wire import DEFAULT_WIRE, Wire
 
 T = TypeVar("T")
 
@@ -25,9 +26,11 @@ class BucketFraming:
         group: dist.ProcessGroup,
         buckets: int,
         device: Union[str, torch.device],
+        wire: Wire = DEFAULT_WIRE,
     ):
         self.session_id, self.group = session_id, group
         self.buckets, self.device = buckets, device
+        self.wire = wire
         # The header the engines wait for next (none once every bucket went).
         self.next_index = 0
         # A collective on the group failed: nothing more may be sent on it.
@@ -45,7 +48,9 @@ class BucketFraming:
     def announce(self, index: int) -> None:
         """The header before bucket `index`."""
         header = make_header(self.session_id, index, DATA, self.device)
-        self.collective(lambda: dist.broadcast(header, src=0, group=self.group))
+        self.collective(
+            lambda: self.wire.broadcast(header, self.group, bucket=index, header=True)
+        )
         self.next_index = index + 1
 
     def abort(self) -> bool:
@@ -56,8 +61,11 @@ class BucketFraming:
             return True
         if self.broken or self.next_index >= self.buckets:
             return False
-        header = make_header(self.session_id, self.next_index, ABORT, self.device)
-        self.collective(lambda: dist.broadcast(header, src=0, group=self.group))
+        index = self.next_index
+        header = make_header(self.session_id, index, ABORT, self.device)
+        self.collective(
+            lambda: self.wire.broadcast(header, self.group, bucket=index, header=True)
+        )
         self.aborted = True
         return True
 

@@ -47,6 +47,7 @@ from rlsync.stream import (
     Weights,
     named_tensors,
 )
+from rlsync.wire import DEFAULT_WIRE, Wire
 
 logger = logging.getLogger(__name__)
 
@@ -206,12 +207,42 @@ class SyncResult:
 class SyncError(RuntimeError):
     """A sync that failed at `step` ("connect", "prepare", "broadcast",
     "verify" or "apply"). `result`: the per-engine outcomes where the sync
-    got as far as a complete ("verify", "apply"), else None."""
+    got as far as a complete ("verify", "apply"), else None.
+    `group_usable`: False when an engine's update group must be
+    re-initialised (left mid-transfer, or its abort failed): `close()` the
+    sender and `connect()` a new one before the next sync."""
 
-    def __init__(self, step: str, message: str, result: Optional[SyncResult] = None):
+    def __init__(
+        self,
+        step: str,
+        message: str,
+        result: Optional[SyncResult] = None,
+        *,
+        group_usable: bool = True,
+    ):
         super().__init__(f"{step}: {message}")
         self.step = step
         self.result = result
+        self.group_usable = group_usable
+
+
+@dataclass
+class _Aborted:
+    """What aborting the engines' sessions found: a note per engine that
+    went wrong, and whether every engine's group is still usable."""
+
+    notes: list[str] = field(default_factory=list)
+    group_usable: bool = True
+
+    def lost(self, url: str, why: str) -> None:
+        self.notes.append(f"{url}: {why}")
+        self.group_usable = False
+
+    def __str__(self) -> str:
+        return "; ".join(self.notes)
+
+    def __bool__(self) -> bool:
+        return bool(self.notes)
 
 
 def _session(session_id: Optional[str]) -> dict[str, str]:
@@ -338,6 +369,7 @@ def stream_buckets(
     digests: bool = False,
     copy_as_pulled: bool = False,
     framing: Optional[BucketFraming] = None,
+    wire: Wire = DEFAULT_WIRE,
 ) -> list[str]:
     """The data path: one broadcast per bucket from rank 0, in the flattened
     layout. Bucket k+1 is pulled from `stream` and packed while bucket k is on
@@ -349,7 +381,8 @@ def stream_buckets(
     copied into its bucket's bytes before the next one is pulled, so a
     generator may yield one reused buffer (a streamed sync's tensors).
     `framing`: a header goes before each bucket, and a failure (of the
-    stream, of `report`) sends the abort header in place of the next."""
+    stream, of `report`) sends the abort header in place of the next.
+    `wire`: what broadcasts each bucket (`rlsync.wire`)."""
     framing = framing or _Unframed()
     in_flight = None  # (work, flat): the buffer must live until the work ends
     sent_digests: list[str] = []
@@ -369,7 +402,9 @@ def stream_buckets(
             in_flight = None  # bucket k-1 is dropped here
             framing.announce(i)
             work = framing.collective(
-                lambda: dist.broadcast(flat, src=0, group=group, async_op=True)
+                lambda: wire.broadcast(
+                    flat, group, bucket=i, header=False, async_op=True
+                )
             )
             in_flight, flat = (work, flat), None
             sent += plan.nbytes
@@ -393,11 +428,12 @@ def stream_tensors(
     digests: bool = False,
     copy_as_pulled: bool = False,
     framing: Optional[BucketFraming] = None,
+    wire: Wire = DEFAULT_WIRE,
 ) -> list[str]:
     """Upstream's per-tensor layout (`load_format` None): one broadcast per
     tensor, in the metadata's order, a bucket pulled from `stream` at a time.
-    With `digests`, each bucket's digest (else []). `copy_as_pulled` and
-    `framing` as for `stream_buckets`."""
+    With `digests`, each bucket's digest (else []). `copy_as_pulled`,
+    `framing` and `wire` as for `stream_buckets`."""
     framing = framing or _Unframed()
     sent_digests: list[str] = []
     sent = 0
@@ -417,7 +453,9 @@ def stream_tensors(
             for tensor in tensors:
                 tensor = tensor.detach().contiguous()
                 tensor = tensor if device is None else tensor.to(device)
-                framing.collective(lambda: dist.broadcast(tensor, 0, group))
+                framing.collective(
+                    lambda: wire.broadcast(tensor, group, bucket=i, header=False)
+                )
             mid_bucket = False
             tensors = tensor = None  # dropped before the next bucket is pulled
             sent += plan.nbytes
@@ -520,6 +558,7 @@ class WeightSender:
         timeout: float = 300.0,
         load_format: Optional[str] = FLATTENED,
         in_band_abort: bool = True,
+        wire: Optional[Wire] = None,
     ):
         """`load_format`: "flattened_bucket" (one broadcast per bucket, the
         fast path) or None (one per tensor, upstream's layout).
@@ -538,7 +577,11 @@ class WeightSender:
         (`atomic=True`, or `apply=False`) is still allowed without digests,
         since it still keeps any engine from applying unless every engine
         holds every byte, but it logs a warning once per sender: it cannot
-        catch corrupted bytes."""
+        catch corrupted bytes.
+
+        `wire` (`rlsync.wire.Wire`): what makes each broadcast of a sync;
+        the default is torch.distributed's. A wrapper traces what is sent, or
+        injects a broken transport's faults (as the soak does)."""
         assert engines, "WeightSender needs at least one engine"
         assert load_format in (
             FLATTENED,
@@ -552,6 +595,7 @@ class WeightSender:
         self.device, self.timeout = device, timeout
         self.load_format = load_format
         self.in_band_abort = in_band_abort
+        self.wire = wire or DEFAULT_WIRE
         self.world_size = 1 + sum(e.ranks for e in engines)
         self.group: Optional[dist.ProcessGroup] = None
         # Each engine's /rlsync_info features, read by connect().
@@ -680,7 +724,7 @@ class WeightSender:
         engines=None,
         session_ids: Optional[dict[str, Optional[str]]] = None,
         abort_header_sent: bool = False,
-    ) -> list[str]:
+    ) -> "_Aborted":
         """Abort the session on each of `engines` (default: all), this sync's
         (or `session_ids[url]`); what went wrong, if anything. An engine
         without that session answers 409: there was nothing to close (a
@@ -688,7 +732,7 @@ class WeightSender:
         An engine whose abort failed is aborted again before the next sync
         prepares. `abort_header_sent`: this sync aborted in band first."""
         header = {"abort_header_sent": True} if abort_header_sent else {}
-        notes = []
+        out = _Aborted()
 
         def session_of(engine: Engine) -> Optional[str]:
             if session_ids is not None:
@@ -709,15 +753,15 @@ class WeightSender:
                 self._stale.pop(engine.url, None)
                 body = res.body if isinstance(res.body, dict) else {}
                 if body.get("group_usable") is False:
-                    notes.append(f"{engine.url}: group must be re-initialised")
+                    out.lost(engine.url, "group must be re-initialised")
             elif isinstance(res, Exception):
                 self._stale[engine.url] = session_of(engine)
-                notes.append(f"{engine.url}: abort failed: {res}")
+                out.lost(engine.url, f"abort failed: {res}")
             else:
                 self._stale.pop(engine.url, None)
                 if not res.group_usable:
-                    notes.append(f"{engine.url}: group must be re-initialised")
-        return notes
+                    out.lost(engine.url, "group must be re-initialised")
+        return out
 
     def _abort_stale(self) -> None:
         """Before a sync: abort the sessions an earlier failed sync could not."""
@@ -725,12 +769,12 @@ class WeightSender:
         self._stale = {u: s for u, s in self._stale.items() if u in urls}
         stale = [e for e in self.engines if e.url in self._stale]
         if stale:
-            notes = self._abort_all(stale, dict(self._stale))
+            aborted = self._abort_all(stale, dict(self._stale))
             logger.warning(
                 "rlsync sync: aborted the sessions a failed sync left open on "
                 "%s (%s)",
                 ", ".join(e.url for e in stale),
-                "; ".join(notes) or "ok",
+                aborted or "ok",
             )
 
     def sync(
@@ -936,11 +980,12 @@ class WeightSender:
                 # Every engine waits for the header of bucket 0, those that
                 # refused too: abort in band, and every group stays usable.
                 abort_on_failure(framing, None)
-                notes = self._abort_all(abort_header_sent=framing.aborted)
+                aborted = self._abort_all(abort_header_sent=framing.aborted)
                 raise SyncError(
                     "prepare",
                     "; ".join(f"{e.url}: {r}" for e, r in failed)
-                    + f" (every engine aborted: {'; '.join(notes) or 'groups usable'})",
+                    + f" (every engine aborted: {aborted or 'groups usable'})",
+                    group_usable=aborted.group_usable,
                 )
             # Abort every engine that may hold a session: those that answered
             # ready, and those whose answer never came (the prepare may have
@@ -952,11 +997,12 @@ class WeightSender:
                 or _awaits_abort_header(r)
                 or not (_answered_an_error(r) or _never_reached(r))
             ]
-            notes = self._abort_all(opened)
+            aborted = self._abort_all(opened)
             raise SyncError(
                 "prepare",
                 "; ".join(f"{e.url}: {r}" for e, r in failed)
-                + (f" (others aborted: {'; '.join(notes) or 'ok'})"),
+                + f" (others aborted: {aborted or 'ok'})",
+                group_usable=aborted.group_usable,
             )
         try:
             specs = [spec for plan in plans for spec in plan.specs]
@@ -970,11 +1016,12 @@ class WeightSender:
             )
         except BaseException as exc:
             in_band = framing is not None and framing.aborted
-            notes = self._abort_all(abort_header_sent=in_band)
+            aborted = self._abort_all(abort_header_sent=in_band)
             raise SyncError(
                 "broadcast",
                 f"{type(exc).__name__}: {exc}; every engine aborted "
-                f"({'; '.join(notes) or 'groups usable'})",
+                f"({aborted or 'groups usable'})",
+                group_usable=aborted.group_usable,
             ) from exc
         # The first complete brings the deferred digests.
         digests: dict[str, Any] = {"digests": sent_digests} if defer_digests else {}
@@ -997,13 +1044,14 @@ class WeightSender:
             if not all(o.ready_to_apply for o in checked):
                 # A complete that failed may keep its session (a timeout, a
                 # malformed request): abort every engine, the ready ones too.
-                notes = "; ".join(self._abort_all()) or "ok"
+                aborted = self._abort_all()
                 calls += len(self.engines)
                 raise SyncError(
                     "verify",
                     f"{_not_ready(checked)}; no engine applied, every engine "
-                    f"aborted ({notes})",
+                    f"aborted ({aborted or 'ok'})",
                     result_of(checked),
+                    group_usable=aborted.group_usable,
                 )
         done = self._each(
             lambda e: client.complete_weights_update(
@@ -1028,11 +1076,12 @@ class WeightSender:
             # Close every session the sync may have left open: where the
             # complete failed or did not apply (with apply=False, the ready
             # engines' too: none is to apply once the sync failed).
-            aborted = left if apply else self.engines
-            notes = "; ".join(self._abort_all(aborted)) or "ok"
-            calls += len(aborted)
+            closing = left if apply else self.engines
+            aborted = self._abort_all(closing)
+            calls += len(closing)
             result = result_of(outcomes)
             self._log(result, apply)
+            notes = str(aborted) or "ok"
             if apply:
                 message = f"{_not_applied(outcomes)}; their sessions aborted ({notes})"
             else:
@@ -1040,7 +1089,12 @@ class WeightSender:
                     f"{_not_ready(outcomes)}; nothing applied, every engine "
                     f"aborted ({notes})"
                 )
-            raise SyncError("apply" if apply else "verify", message, result)
+            raise SyncError(
+                "apply" if apply else "verify",
+                message,
+                result,
+                group_usable=aborted.group_usable,
+            )
         result = result_of(outcomes)
         unclean = [o for o in outcomes if not o.answered]
         if unclean:  # applied, but the answer was an error (a failed cache flush)
@@ -1123,6 +1177,7 @@ class WeightSender:
                 digests=digests,
                 copy_as_pulled=copy_as_pulled,
                 framing=framing,
+                wire=self.wire,
             )
         return stream_tensors(
             plans,
@@ -1133,6 +1188,7 @@ class WeightSender:
             digests,
             copy_as_pulled,
             framing=framing,
+            wire=self.wire,
         )
 
     def _framing(self, buckets: int) -> Optional[BucketFraming]:
@@ -1149,7 +1205,7 @@ class WeightSender:
             return None
         assert self.group is not None, "call connect() first"
         device = self.device or ("cuda" if self.backend == "nccl" else "cpu")
-        return BucketFraming(self.session_id, self.group, buckets, device)
+        return BucketFraming(self.session_id, self.group, buckets, device, self.wire)
 
     def close(self) -> None:
         for engine, _ in self._each(
