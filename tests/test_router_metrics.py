@@ -28,7 +28,7 @@ class FakeWorker:
     `/model_info`, `/generate`, and admin routes answering success, except
     the routes in `fail` (a 500 with `success: false`), those in `answers`
     (that status and body) and those in `hold` (answered once their event is
-    set). `bodies` records each POST's JSON body by route."""
+    set, GET /health too). `bodies` records each POST's JSON body by route."""
 
     def __init__(self) -> None:
         self.fail: set[str] = set()
@@ -56,6 +56,9 @@ class FakeWorker:
                     "/server_info": {"tp_size": 1, "dp_size": 1},
                     "/model_info": {"weight_version": "v0"},
                 }
+                if self.path in worker.hold:  # a host that stopped answering
+                    worker.holding.set()
+                    worker.hold[self.path].wait(60)
                 if self.path in answers:
                     self.answer(200, answers[self.path])
                 else:
@@ -108,7 +111,7 @@ def fake_workers() -> Iterator[Callable[[int], list[FakeWorker]]]:
 
 def router_client(workers: list[str], **options: Any) -> TestClient:
     config = RouterConfig(
-        workers, admin_api_key=ADMIN_KEY, health_interval=600, **options
+        workers, admin_api_key=ADMIN_KEY, **{"health_interval": 600, **options}
     )
     return TestClient(create_app(config))
 
@@ -321,3 +324,60 @@ def test_a_prepare_reaches_every_worker_with_one_session_and_honest_awaits(
         assert first["session_id"] == second["session_id"]
         assert len(first["session_id"]) >= 16
     assert len({body["session_id"] for body in sent[0]}) == len(sent[0])
+
+
+# --- health probes: at once, each within its deadline -------------------------
+
+
+def workers_view(http: TestClient) -> dict[str, dict[str, Any]]:
+    resp = http.get("/workers", headers=RIGHT)
+    assert resp.status_code == 200, resp.text
+    return {w["url"]: w for w in resp.json()["workers"]}
+
+
+def wait_for(http: TestClient, done: Callable[[dict], bool], what: str) -> dict:
+    """Poll /workers until `done(view)`, within a deadline."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        view = workers_view(http)
+        if done(view):
+            return view
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within 30 s: {workers_view(http)}")
+
+
+def test_a_worker_that_stops_answering_holds_up_no_other_check(fake_workers):
+    """A host that vanished (its /health never answers) is first in the
+    list: the worker that died behind it is marked dead while that probe
+    still waits, and the healthy one is never marked dead."""
+    vanished, healthy, dying = fake_workers(3)
+    urls = [vanished.url, healthy.url, dying.url]
+    with router_client(urls, health_interval=0.1, health_timeout=120) as http:
+        vanished.hold["/health"] = threading.Event()
+        dying.close()  # connection refused from now on
+        view = wait_for(http, lambda v: v[dying.url]["dead"], "the dead worker seen")
+        assert vanished.holding.is_set(), "the vanished worker was probed"
+        assert not view[vanished.url]["dead"], "its probe still waits"
+        assert not view[healthy.url]["dead"]
+        assert "health check failed" in view[dying.url]["reason"]
+        vanished.hold["/health"].set()
+        assert not workers_view(http)[healthy.url]["dead"]
+
+
+def test_a_probe_past_its_deadline_marks_only_that_worker_dead(fake_workers):
+    vanished, healthy = fake_workers(2)
+    with router_client(
+        [vanished.url, healthy.url], health_interval=0.1, health_timeout=0.5
+    ) as http:
+        vanished.hold["/health"] = threading.Event()  # never set while we look
+        view = wait_for(http, lambda v: v[vanished.url]["dead"], "the vanished one")
+        assert view[vanished.url]["reason"] == "health check timed out after 0.5 s"
+        assert not view[healthy.url]["dead"]
+        assert not vanished.hold["/health"].is_set(), "the deadline, not an answer"
+
+
+@pytest.mark.parametrize("field", ["health_interval", "health_timeout"])
+@pytest.mark.parametrize("seconds", [0, -1.0])
+def test_health_seconds_must_be_positive(field, seconds):
+    with pytest.raises(ValueError, match=f"{field}: seconds must be > 0"):
+        RouterConfig([NOBODY], **{field: seconds})

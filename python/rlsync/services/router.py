@@ -138,8 +138,19 @@ class RouterConfig:
     route_wait: float = 60.0  # seconds a generation may wait for a worker
     request_timeout: float = 600.0
     health_interval: float = 2.0
+    # seconds each worker's /health probe may take; the probes run at once,
+    # so a worker that vanished delays no other worker's
+    health_timeout: float = 5.0
     # admin bodies (prepare's grows with the model); past it a 413
     max_request_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("admin_wait", "route_wait", "request_timeout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: seconds must be >= 0")
+        for name in ("health_interval", "health_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: seconds must be > 0")
 
 
 @dataclass
@@ -274,37 +285,51 @@ class Router:
             await self.check_health()
 
     async def check_health(self) -> None:
-        for w in self.workers:
-            try:
-                ok = (
-                    await self.http.get(w.url + "/health", timeout=5)
-                ).status_code == 200
-            except httpx.HTTPError:
-                ok = False
-            if not ok:
-                if not w.dead and not w.in_update:
-                    self._mark_dead(w, "health check failed")
-                continue
-            if w.dead:  # back, maybe restarted: serve only at the fleet's version
-                w.dead, w.rejoining, w.reason = False, True, "rejoined"
-                w.weight_version = None  # unknown until read again
-                self.log("alive", w.url)
-                try:
-                    await self.read_tp_size(w)  # it may have restarted otherwise
-                except httpx.HTTPError:
-                    continue
-            if w.rejoining:
-                try:
-                    read, version = await self._version(w)
-                except httpx.HTTPError:
-                    continue
-                if not read:
-                    continue
-                w.weight_version = version
-                if self.fleet_version is None or w.weight_version == self.fleet_version:
-                    w.rejoining, w.reason = False, ""
-                    self.log("rejoined", w.url, f"weight_version={w.weight_version}")
+        """Probe every worker at once, each within `health_timeout`: a worker
+        that stopped answering (a vanished host) holds up no other's check."""
+        await asyncio.gather(*(self._check_worker(w) for w in self.workers))
         await self._changed()
+
+    async def _probe(self, w: Worker) -> Optional[str]:
+        """Why `w` is not healthy, or None."""
+        deadline = self.config.health_timeout
+        try:
+            resp = await asyncio.wait_for(
+                self.http.get(w.url + "/health", timeout=deadline), deadline
+            )
+        except (asyncio.TimeoutError, httpx.TimeoutException):
+            return f"health check timed out after {deadline:g} s"
+        except httpx.HTTPError as e:
+            return f"health check failed: {type(e).__name__}"
+        if resp.status_code != 200:
+            return f"health check failed: HTTP {resp.status_code}"
+        return None
+
+    async def _check_worker(self, w: Worker) -> None:
+        why = await self._probe(w)
+        if why is not None:
+            if not w.dead and not w.in_update:
+                self._mark_dead(w, why)
+            return
+        if w.dead:  # back, maybe restarted: serve only at the fleet's version
+            w.dead, w.rejoining, w.reason = False, True, "rejoined"
+            w.weight_version = None  # unknown until read again
+            self.log("alive", w.url)
+            try:
+                await self.read_tp_size(w)  # it may have restarted otherwise
+            except httpx.HTTPError:
+                return
+        if w.rejoining:
+            try:
+                read, version = await self._version(w)
+            except httpx.HTTPError:
+                return
+            if not read:
+                return
+            w.weight_version = version
+            if self.fleet_version is None or w.weight_version == self.fleet_version:
+                w.rejoining, w.reason = False, ""
+                self.log("rejoined", w.url, f"weight_version={w.weight_version}")
 
     # --- generation ------------------------------------------------------------
 
@@ -868,6 +893,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="seconds a generation may wait for a routable worker, then 503",
     )
     ap.add_argument("--health-interval", type=float, default=2.0)
+    ap.add_argument(
+        "--health-timeout",
+        type=float,
+        default=5.0,
+        help="seconds each worker's /health probe may take (probes run at once)",
+    )
     ap.add_argument("--request-timeout", type=float, default=600.0)
     ap.add_argument(
         "--max-request-mb",
@@ -876,27 +907,28 @@ def main(argv: Optional[list[str]] = None) -> int:
         help="largest admin request body in MiB, then 413",
     )
     args = ap.parse_args(argv)
-    config = RouterConfig(
-        workers=args.workers,
-        admin_api_key=args.admin_api_key
-        or os.environ.get("SGLANG_ADMIN_API_KEY")
-        or None,
-        worker_api_key=args.worker_api_key
-        or os.environ.get("RLSYNC_WORKER_API_KEY")
-        or None,
-        admin_wait=args.admin_wait,
-        route_wait=args.route_wait,
-        request_timeout=args.request_timeout,
-        health_interval=args.health_interval,
-        max_request_bytes=args.max_request_mb << 20,
-    )
     logging.basicConfig(
         level=logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        config = RouterConfig(
+            workers=args.workers,
+            admin_api_key=args.admin_api_key
+            or os.environ.get("SGLANG_ADMIN_API_KEY")
+            or None,
+            worker_api_key=args.worker_api_key
+            or os.environ.get("RLSYNC_WORKER_API_KEY")
+            or None,
+            admin_wait=args.admin_wait,
+            route_wait=args.route_wait,
+            request_timeout=args.request_timeout,
+            health_interval=args.health_interval,
+            health_timeout=args.health_timeout,
+            max_request_bytes=args.max_request_mb << 20,
+        )
         app = create_app(config)
-    except ValueError as e:  # a malformed key: the message names it, not its value
+    except ValueError as e:  # names the flag's field or the key, not its value
         ap.error(str(e))
     server = _RouterServer(
         uvicorn.Config(
