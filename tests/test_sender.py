@@ -9,10 +9,12 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 from conftest import KEYED_ADMIN_KEY, KEYED_API_KEY
 
 from harness import cpu_sglang
@@ -20,6 +22,7 @@ from harness.cpu_sglang import free_port
 from harness.weights import greedy as served_greedy
 from harness.weights import randomized
 from rlsync import client
+from rlsync.group import GroupJoin
 from rlsync.sender import FLATTENED, Engine, SyncError, WeightSender
 
 PROMPT = "Fleet"
@@ -183,6 +186,25 @@ def test_engine_refusing_the_group_fails_connect_at_once_and_tears_the_join_down
     assert join_threads() == [], "the trainer's join was left running"
     assert port_refuses(port), "the rendezvous store still listens"
     assert sender.group is None
+
+
+def test_a_join_that_failed_on_its_own_releases_its_port():
+    """An engine reaches the trainer's rendezvous store and dies before it
+    joins the process group: the trainer's join fails within its timeout,
+    and its store stops listening at once, though the caller keeps the
+    error (as a trainer keeps a SyncError) and no cancel() ran."""
+    port = free_port()
+    join = GroupJoin("127.0.0.1", port, 2, group_name="dies_in_between", timeout=3.0)
+    join.start()
+    deadline = time.monotonic() + 30
+    while port_refuses(port):  # until the store listens
+        assert time.monotonic() < deadline, "the rendezvous store never listened"
+        time.sleep(0.05)
+    engine = dist.TCPStore("127.0.0.1", port, 2, False, timedelta(seconds=10))
+    del engine  # the engine is gone before the process group forms
+    error = join.future.exception(timeout=60)
+    assert error is not None, "the join cannot succeed without its engine"
+    assert port_refuses(port), "the failed join's store still holds its port"
 
 
 # The trainer's side of a refused NCCL group on a host without CUDA: the

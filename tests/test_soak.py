@@ -1,7 +1,8 @@
 """The soak (`make soak`) in short: one sync of every fault kind but an
 engine restart into a TP 1 and a TP 2 server (the TP 2 one token-in/
 token-out) under streaming and non-streaming load, every promise checked
-after each sync. The restart (30 s of the suite's 20 minutes) runs in
+after each sync, the trainer being `WeightSender` itself (faults through its
+wire, progress callback and tensor generator). The restart (30 s) runs in
 `make soak`, whose 30 syncs draw every kind, with the cache flushed and not."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.soak import FAULTS, MUST_APPLY
+from harness.soak.faults import keeps_group
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = 2  # draws the applying sync with the cache flushed under load
@@ -44,3 +46,7 @@ def test_soak_one_round_of_every_fault(tmp_path: Path) -> None:
     assert [(r["fault"], r["flush_cache"]) for r in applying] == [("none", True)]
     assert report["lost_requests"] == 0 and report["mixed_weights"] == 0
     assert report["completed_requests"] > 0 and not report["failures"]
+    kept = {r["fault"]: r["group_kept"] for r in report["log"]}
+    assert kept == {
+        r["fault"]: keeps_group(r["fault"], r["params"]) for r in report["log"]
+    }, "a fault the sender reports in band kept the group, and only those"

@@ -147,6 +147,20 @@ def leave_update_group(group: dist.ProcessGroup) -> None:
     dist.destroy_process_group(group)
 
 
+def _without_frames(error: BaseException) -> BaseException:
+    """`error` with no traceback on it or on any exception it chains to."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        link = pending.pop()
+        if id(link) in seen:
+            continue
+        seen.add(id(link))
+        link.with_traceback(None)
+        pending += [c for c in (link.__cause__, link.__context__) if c is not None]
+    return error
+
+
 class JoinCancelled(RuntimeError):
     """The join was torn down before the group formed."""
 
@@ -221,9 +235,9 @@ class GroupJoin:
                 self._in_rendezvous = False
                 if not self._cancelled:  # else cancel() drops it once released
                     self._store = None
-            # Without its traceback: the frames would keep the rendezvous
+            # Without tracebacks: their frames would keep the rendezvous
             # store, and so its port, alive as long as the exception lives.
-            self.future.set_exception(e.with_traceback(None))
+            self.future.set_exception(_without_frames(e))
 
     def _join(self, left: Optional[float]) -> dist.ProcessGroup:
         deadline = time.monotonic() + (self.timeout if left is None else left)
