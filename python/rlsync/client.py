@@ -467,6 +467,7 @@ def prepare_weights_update(
     defer_digests: bool = False,
     session_id: Optional[str] = None,
     framed: bool = False,
+    shares: Optional[dict[str, Sequence[Union[BucketMetadata, dict[str, Any]]]]] = None,
     timeout: float = 120.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
@@ -480,11 +481,13 @@ def prepare_weights_update(
     `framed`: a header goes before each bucket (`rlsync.bucket_header`), so
     that the sender can abort in band and keep the group; a refused framed
     prepare (its error body says `awaits_abort_header`) waits for the
-    sender's abort header in place of bucket 0."""
-    assert buckets, "an update needs at least one bucket"
-    metadata = [
-        b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets
-    ]
+    sender's abort header in place of bucket 0. `shares`: the update's
+    other shares (group name -> its buckets), each streamed by its own
+    sender over its own group; one session, applied once every share has
+    arrived (the server's `multi_group_sessions`)."""
+    if not buckets:
+        raise ValueError("buckets: an update needs at least one bucket")
+    metadata = _bucket_metadata(buckets)
     assert not (
         defer_digests and any(b.digest for b in metadata)
     ), "defer_digests: the buckets carry no digest"
@@ -497,6 +500,11 @@ def prepare_weights_update(
         defer_digests=defer_digests,
         session_id=session_id,
         framed=framed,
+        shares=(
+            None
+            if not shares
+            else {name: _bucket_metadata(b) for name, b in shares.items()}
+        ),
     )
     endpoint = "/prepare_weights_update"
     body = call(
@@ -511,6 +519,14 @@ def prepare_weights_update(
     if answer.status != "ready":
         raise EngineError(url, endpoint, 200, answer.message or answer.status)
     return answer
+
+
+def _bucket_metadata(
+    buckets: Sequence[Union[BucketMetadata, dict[str, Any]]],
+) -> list[BucketMetadata]:
+    return [
+        b if isinstance(b, BucketMetadata) else BucketMetadata(**b) for b in buckets
+    ]
 
 
 def complete_weights_update(
@@ -566,6 +582,7 @@ def abort_weights_update(
     group_name: str = "weight_update_group",
     session_id: Optional[str] = None,
     abort_header_sent: bool = False,
+    abort_header_sent_groups: Optional[Sequence[str]] = None,
     timeout: float = 60.0,
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
@@ -574,11 +591,15 @@ def abort_weights_update(
     open one is a 409 that changes nothing. Without it the open session of
     `group_name` is aborted, whoever opened it. `abort_header_sent`: the
     sender of a framed session broadcast the abort header, so the server's
-    receive ends by itself and the group stays usable."""
+    receive ends by itself and the group stays usable.
+    `abort_header_sent_groups`: the same for a session of several groups,
+    naming the groups whose sender did so."""
     endpoint = "/abort_weights_update"
     payload = _with_session({"group_name": group_name}, session_id)
     if abort_header_sent:
         payload["abort_header_sent"] = True
+    if abort_header_sent_groups is not None:
+        payload["abort_header_sent_groups"] = list(abort_header_sent_groups)
     body = call(
         url,
         endpoint,

@@ -71,6 +71,9 @@ class PrepareWeightsUpdateRequest:
     session_id: Optional[str] = None
     # A header before each bucket: the sender can abort in band
     framed: bool = False
+    # The update's other shares, each sent over its own group: group name ->
+    # its buckets (the buckets above are `group_name`'s share)
+    shares: Optional[dict[str, list[BucketMetadata]]] = None
 
     def to_json(self) -> dict[str, Any]:
         body: dict[str, Any] = dict(
@@ -87,6 +90,15 @@ class PrepareWeightsUpdateRequest:
             body["session_id"] = self.session_id
         if self.framed:
             body["framed"] = True
+        if self.shares:
+            body["shares"] = [
+                {
+                    "group_name": name,
+                    "num_buckets": len(buckets),
+                    "buckets": [b.to_json() for b in buckets],
+                }
+                for name, buckets in self.shares.items()
+            ]
         return body
 
 

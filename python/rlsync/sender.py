@@ -943,12 +943,12 @@ class WeightSender:
         t0 = time.perf_counter()
         calls = 0
 
-        def result_of(outcomes: list[EngineOutcome]) -> SyncResult:
+        def result_of(outcomes: list[EngineOutcome], http_calls: int) -> SyncResult:
             return SyncResult(
                 bytes=total,
                 buckets=len(plans),
                 seconds=time.perf_counter() - t0,
-                http_calls=calls,
+                http_calls=http_calls,
                 weight_version=weight_version,
                 engines=outcomes,
                 digests=self.digests,
@@ -1024,8 +1024,35 @@ class WeightSender:
                 group_usable=aborted.group_usable,
             ) from exc
         # The first complete brings the deferred digests.
-        digests: dict[str, Any] = {"digests": sent_digests} if defer_digests else {}
+        return self._complete_sync(
+            result_of,
+            calls,
+            sent_digests if defer_digests else None,
+            weight_version=weight_version,
+            atomic=atomic,
+            flush_cache=flush_cache,
+            apply=apply,
+        )
 
+    def _complete_sync(
+        self,
+        result_of: Callable[[list[EngineOutcome], int], SyncResult],
+        calls: int,
+        deferred_digests: Optional[list[str]],
+        *,
+        weight_version: Optional[str],
+        atomic: bool,
+        flush_cache: bool,
+        apply: bool,
+    ) -> SyncResult:
+        """After every byte was sent: the verify round (`atomic`), then the
+        complete that applies (or, `apply=False`, verifies only), and every
+        session the sync may have left open aborted where it failed.
+        `result_of(outcomes, http_calls)`: the sync's result."""
+        session = _session(self.session_id)
+        digests: dict[str, Any] = (
+            {} if deferred_digests is None else {"digests": deferred_digests}
+        )
         if atomic and apply:
             verified = self._each(
                 lambda e: client.complete_weights_update(
@@ -1050,7 +1077,7 @@ class WeightSender:
                     "verify",
                     f"{_not_ready(checked)}; no engine applied, every engine "
                     f"aborted ({aborted or 'ok'})",
-                    result_of(checked),
+                    result_of(checked, calls),
                     group_usable=aborted.group_usable,
                 )
         done = self._each(
@@ -1079,7 +1106,7 @@ class WeightSender:
             closing = left if apply else self.engines
             aborted = self._abort_all(closing)
             calls += len(closing)
-            result = result_of(outcomes)
+            result = result_of(outcomes, calls)
             self._log(result, apply)
             notes = str(aborted) or "ok"
             if apply:
@@ -1095,7 +1122,7 @@ class WeightSender:
                 result,
                 group_usable=aborted.group_usable,
             )
-        result = result_of(outcomes)
+        result = result_of(outcomes, calls)
         unclean = [o for o in outcomes if not o.answered]
         if unclean:  # applied, but the answer was an error (a failed cache flush)
             logger.warning(
