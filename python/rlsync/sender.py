@@ -221,7 +221,7 @@ class SyncError(RuntimeError):
         group_usable: bool = True,
     ):
         super().__init__(f"{step}: {message}")
-        self.step = step
+        self.step, self.message = step, message
         self.result = result
         self.group_usable = group_usable
 
@@ -724,6 +724,7 @@ class WeightSender:
         engines=None,
         session_ids: Optional[dict[str, Optional[str]]] = None,
         abort_header_sent: bool = False,
+        abort_header_sent_groups: Optional[list[str]] = None,
     ) -> "_Aborted":
         """Abort the session on each of `engines` (default: all), this sync's
         (or `session_ids[url]`); what went wrong, if anything. An engine
@@ -731,7 +732,11 @@ class WeightSender:
         failed complete discarded it, or the engine applied), which is fine.
         An engine whose abort failed is aborted again before the next sync
         prepares. `abort_header_sent`: this sync aborted in band first."""
-        header = {"abort_header_sent": True} if abort_header_sent else {}
+        header: dict[str, Any] = (
+            {"abort_header_sent": True} if abort_header_sent else {}
+        )
+        if abort_header_sent_groups is not None:
+            header["abort_header_sent_groups"] = abort_header_sent_groups
         out = _Aborted()
 
         def session_of(engine: Engine) -> Optional[str]:
