@@ -25,7 +25,7 @@ import logging
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import zmq
@@ -63,8 +63,12 @@ from sglang.srt.weight_sync.staged_receiver import (
     StagingPool,
     WeightsUpdateError,
     check_digest_format,
-    parse_buckets,
     ring_bytes,
+)
+from sglang.srt.weight_sync.session_shares import (
+    SerialSink,
+    SharedSessionReceiver,
+    parse_shares,
 )
 from sglang.srt.weight_sync.sync_metrics import (
     ABORTED,
@@ -98,7 +102,8 @@ _ABORT_HEADER_GRACE_S = 5.0
 @dataclass
 class _Session:
     group_name: str
-    receiver: GroupReceiver
+    # One receiver, or (a session of several groups) a SharedSessionReceiver
+    receiver: Any
     # Chosen by the tokenizer manager (or the caller) at prepare; complete,
     # abort and destroy that name another session change nothing.
     session_id: Optional[str] = None
@@ -110,14 +115,25 @@ class _Session:
     shadow: Optional[ShadowParameters] = None
     # Seconds the scheduler spent in this session's complete calls.
     serving_stall_seconds: float = 0.0
+    # The other groups that send a share of the update (prepare's `shares`)
+    other_groups: Tuple[str, ...] = ()
+
+    @property
+    def group_names(self) -> Tuple[str, ...]:
+        return (self.group_name, *self.other_groups)
+
+    def groups_text(self) -> str:
+        return ", ".join(f"'{name}'" for name in self.group_names)
 
 
 @dataclass
 class _EndedSession:
     outcome: str
     group_name: str
-    # The group was destroyed since: a group of that name now is another one
+    # A group of the session was destroyed since: a group of that name now
+    # is another one
     group_gone: bool = False
+    group_names: Tuple[str, ...] = ()
 
 
 def _known_name_checker(model) -> Optional[Callable[[str], bool]]:
@@ -148,6 +164,8 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
 
     _two_phase_session: Optional[_Session] = None
     _two_phase_pool: Optional[StagingPool] = None
+    # Bucket buffers of a session's other shares, by group (kept for reuse)
+    _two_phase_share_pools: Optional[Dict[str, StagingPool]] = None
     _two_phase_shadow: Optional[ShadowParameters] = None
     # Groups dropped with a receive still posted: freeing one joins its
     # worker threads, which block until the peer sends or goes away.
@@ -164,7 +182,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             if self._ended_sessions is None:
                 self._ended_sessions = OrderedDict()
             self._ended_sessions[session.session_id] = _EndedSession(
-                outcome, session.group_name
+                outcome, session.group_name, group_names=session.group_names
             )
             while len(self._ended_sessions) > _ENDED_SESSIONS_KEPT:
                 self._ended_sessions.popitem(last=False)
@@ -172,6 +190,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         if release:
             if self._two_phase_pool is not None:
                 self._two_phase_pool.release()
+            self._two_phase_share_pools = None
             self._two_phase_shadow = None
         if session is None or session.refused is None:
             self._end_release_session()
@@ -239,13 +258,13 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         session = self._two_phase_session
         if session is not None and session.session_id == session_id:
             return None
-        other_open = session is not None and session.group_name == group_name
+        other_open = session is not None and group_name in session.group_names
         ended = (self._ended_sessions or {}).get(session_id)
         if ended is None or other_open:
             return self.two_phase_session_fence(
                 session_id, f"destroy group '{group_name}'"
             )
-        if ended.group_name != group_name:
+        if group_name not in (ended.group_names or (ended.group_name,)):
             return (
                 f"session_id: session '{session_id}' was on group "
                 f"'{ended.group_name}', not '{group_name}': not destroyed"
@@ -261,7 +280,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     def _forget_group(self: Scheduler, group_name: str) -> None:
         """The group is destroyed: sessions that used it are stale for it."""
         for ended in (self._ended_sessions or {}).values():
-            if ended.group_name == group_name:
+            if group_name in (ended.group_names or (ended.group_name,)):
                 ended.group_gone = True
 
     def maybe_yield_to_weight_receiver(self: Scheduler) -> None:
@@ -283,22 +302,25 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     def _staging_placement(self: Scheduler) -> str:
         return getattr(self.server_args, "weight_update_staging", "device")
 
-    def _check_staging_budget(self: Scheduler, copy_bytes: int, buckets: List) -> None:
+    def _check_staging_budget(
+        self: Scheduler, copy_bytes: int, shares: List[List]
+    ) -> None:
         """413 naming this rank and the bytes it needs: past
         --weight-update-staging-budget-mb, or by default past the memory free
         where each part lives (plus what is already held for reuse): the copy
         of the rank's parameters (device or host memory) and the bucket
-        buffers (device memory)."""
-        largest = max(buckets, key=lambda bucket: bucket.nbytes)
-        buffer_bytes = ring_bytes(buckets)
+        buffers (device memory), a ring for each share's buckets."""
+        largest = max(
+            (bucket for buckets in shares for bucket in buckets),
+            key=lambda bucket: bucket.nbytes,
+        )
+        buffer_bytes = sum(ring_bytes(buckets) for buckets in shares)
         need = copy_bytes + buffer_bytes
         budget_mb = self.server_args.weight_update_staging_budget_mb
         placement = self._staging_placement()
         device = self.tp_worker.model_runner.device
         held_copy = self._two_phase_shadow.nbytes if self._two_phase_shadow else 0
-        held_buffers = (
-            0 if self._two_phase_pool is None else self._two_phase_pool.nbytes
-        )
+        held_buffers = sum(pool.nbytes for pool in self._staging_pools())
         if budget_mb is not None:
             budget = f"the --weight-update-staging-budget-mb of {budget_mb} MiB"
             parts = [(need, budget_mb * 2**20, budget)]
@@ -327,6 +349,20 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                     f"{what}",
                     status_code=413,
                 )
+
+    def _staging_pools(self: Scheduler) -> List[StagingPool]:
+        pools = list((self._two_phase_share_pools or {}).values())
+        return pools if self._two_phase_pool is None else [self._two_phase_pool, *pools]
+
+    def _share_pool(self: Scheduler, group_name: str) -> StagingPool:
+        """The bucket buffers of another share's receiver, kept per group."""
+        if self._two_phase_share_pools is None:
+            self._two_phase_share_pools = {}
+        pool = self._two_phase_share_pools.get(group_name)
+        if pool is None:
+            pool = StagingPool(self.tp_worker.model_runner.device)
+            self._two_phase_share_pools[group_name] = pool
+        return pool
 
     def _shadow_for_update(self: Scheduler) -> ShadowParameters:
         """The shadow of this rank's parameters, kept between updates."""
@@ -362,39 +398,58 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                     f"chooses)",
                     status_code=409,
                 )
-            group = self._update_groups.get(recv_req.group_name)
-            if group is None:
-                raise WeightsUpdateError(
-                    f"group_name: no update group '{recv_req.group_name}' on this "
-                    f"server; call /init_weights_update_group first"
-                )
-            buckets = parse_buckets(
+            shares = parse_shares(
+                recv_req.group_name,
                 recv_req.num_buckets,
                 recv_req.buckets,
+                recv_req.shares,
                 recv_req.load_format,
                 _known_name_checker(model_runner.model),
             )
+            for k, share in enumerate(shares):
+                if share.group_name not in self._update_groups:
+                    field = "group_name" if k == 0 else f"shares[{k - 1}].group_name"
+                    raise WeightsUpdateError(
+                        f"{field}: no update group '{share.group_name}' on this "
+                        f"server; call /init_weights_update_group first"
+                    )
+            buckets = [bucket for share in shares for bucket in share.buckets]
             unsupported = unsupported_post_processing(self._staged_models())
             if unsupported:
                 raise WeightsUpdateError(f"buckets: {unsupported}")
             copy_bytes = parameter_bytes(self._staged_models())
-            self._check_staging_budget(copy_bytes, buckets)
-            staging_bytes = copy_bytes + ring_bytes(buckets)
+            self._check_staging_budget(copy_bytes, [s.buckets for s in shares])
+            staging_bytes = copy_bytes + sum(ring_bytes(s.buckets) for s in shares)
             _check_loadable(
                 model_runner.model, self.server_args.model_path, self.tp_size, buckets
             )
             if self._two_phase_pool is None:
                 self._two_phase_pool = StagingPool(model_runner.device)
             shadow = self._shadow_for_update()
-            receiver = StagedWeightReceiver(
-                buckets,
-                group,
-                self._two_phase_pool,
-                recv_req.load_format,
-                sink=shadow.load,
-                before_first_bucket=shadow.begin,
-                defer_digests=recv_req.defer_digests,
-                session_id=recv_req.session_id if recv_req.framed else None,
+            sink = SerialSink(shadow.begin, shadow.load) if len(shares) > 1 else shadow
+            receivers = [
+                StagedWeightReceiver(
+                    share.buckets,
+                    self._update_groups[share.group_name],
+                    (
+                        self._two_phase_pool
+                        if k == 0
+                        else self._share_pool(share.group_name)
+                    ),
+                    recv_req.load_format,
+                    sink=sink.load,
+                    before_first_bucket=sink.begin,
+                    defer_digests=recv_req.defer_digests,
+                    session_id=recv_req.session_id if recv_req.framed else None,
+                )
+                for k, share in enumerate(shares)
+            ]
+            receiver = (
+                receivers[0]
+                if len(shares) == 1
+                else SharedSessionReceiver(
+                    [(share.group_name, r) for share, r in zip(shares, receivers)]
+                )
             )
             local = {
                 "success": True,
@@ -414,6 +469,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             # Nothing has moved yet: the trainer broadcasts only after "ready".
             if receiver is not None and self._two_phase_session is None:
                 self._two_phase_pool.release()
+                self._two_phase_share_pools = None
                 self._two_phase_shadow = None
             metrics = self._sync_metrics()
             if metrics is not None:
@@ -438,11 +494,13 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             session_id=recv_req.session_id,
             weight_version=recv_req.weight_version,
             shadow=shadow,
+            other_groups=tuple(getattr(receiver, "group_names", ())[1:]),
         )
         if self.tp_rank == 0:
             logger.info(
-                f"Weight update session {recv_req.session_id} opened on group "
-                f"'{recv_req.group_name}': {len(receiver.buckets)} buckets"
+                f"Weight update session {recv_req.session_id} opened on group(s) "
+                f"{self._two_phase_session.groups_text()}: "
+                f"{len(receiver.buckets)} buckets"
             )
         metrics = self._sync_metrics()
         if metrics is not None:
@@ -467,21 +525,40 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         """After a framed prepare that a rank refused: wait, as the other
         engines of the group do, for the abort header the sender broadcasts
         in place of bucket 0, so that the group stays usable everywhere. The
-        session then waits for an abort. False where nothing can be posted:
-        no such group, a session already holds this server, or the id is an
-        earlier session's (a late duplicate of its prepare: nothing waits)."""
-        group = self._update_groups.get(recv_req.group_name)
+        session then waits for an abort. A session of several groups waits on
+        each (every share's sender aborts in band). False where nothing can be
+        posted: a group it names is not here, a session already holds this
+        server, or the id is an earlier session's (a late duplicate of its
+        prepare: nothing waits)."""
+        names = _share_group_names(recv_req)
         reused_id = recv_req.session_id in (self._ended_sessions or {})
-        if not recv_req.framed or group is None or self._two_phase_session or reused_id:
+        if (
+            not recv_req.framed
+            or names is None
+            or any(name not in self._update_groups for name in names)
+            or self._two_phase_session
+            or reused_id
+        ):
             return False
-        receiver = RefusedSessionReceiver(
-            group,
-            torch.device(self.tp_worker.model_runner.device),
-            session_id=recv_req.session_id,
+        device = torch.device(self.tp_worker.model_runner.device)
+        receivers = [
+            RefusedSessionReceiver(
+                self._update_groups[name], device, session_id=recv_req.session_id
+            )
+            for name in names
+        ]
+        receiver = (
+            receivers[0]
+            if len(names) == 1
+            else SharedSessionReceiver(list(zip(names, receivers)))
         )
         receiver.start()
         self._two_phase_session = _Session(
-            recv_req.group_name, receiver, recv_req.session_id, refused=why
+            recv_req.group_name,
+            receiver,
+            recv_req.session_id,
+            refused=why,
+            other_groups=tuple(names[1:]),
         )
         metrics = self._sync_metrics()
         if metrics is not None:
@@ -529,11 +606,11 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 "/prepare_weights_update first",
                 status_code=409,
             )
-        if session.group_name != recv_req.group_name:
+        if recv_req.group_name not in session.group_names:
             return CompleteWeightsUpdateReqOutput(
                 success=False,
-                message=f"group_name: the open session is for group "
-                f"'{session.group_name}', not '{recv_req.group_name}'",
+                message=f"group_name: the open session is for group(s) "
+                f"{session.groups_text()}, not '{recv_req.group_name}'",
                 status_code=400,
                 open_session_group=session.group_name,
             )
@@ -747,13 +824,31 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         outcome: str,
         reason: str = "",
         abort_header_sent: bool = False,
-    ) -> bool:
-        """Stop the receiver, drop a group left mid-collective, free staging.
-        `abort_header_sent`: the sender says it aborted in band, so the
-        receiver ends by itself (it is given a few seconds to)."""
-        usable = session.receiver.abort(
-            sender_grace=_ABORT_HEADER_GRACE_S if abort_header_sent else 0.0
+        abort_header_sent_groups: Optional[List[str]] = None,
+    ) -> List[str]:
+        """Stop the receiver, drop a group left mid-collective, free staging;
+        the groups dropped. `abort_header_sent`: the sender says it aborted
+        in band, so the receiver ends by itself (it is given a few seconds
+        to); `abort_header_sent_groups`: the groups of a session of several
+        groups whose sender did so."""
+        if abort_header_sent_groups is not None and session.other_groups:
+            usable = session.receiver.abort(
+                sender_grace=_ABORT_HEADER_GRACE_S,
+                graced_groups=abort_header_sent_groups,
+            )
+        else:
+            graced = abort_header_sent or session.group_name in (
+                abort_header_sent_groups or ()
+            )
+            usable = session.receiver.abort(
+                sender_grace=_ABORT_HEADER_GRACE_S if graced else 0.0
+            )
+        # Each group's own state (a session of several groups may lose some)
+        usable_groups = getattr(
+            session.receiver, "usable", {session.group_name: usable}
         )
+        if not usable_groups:
+            usable_groups = {session.group_name: usable}
         if session.refused is None:  # a refused prepare was counted then
             self._record_sync_end(session, outcome, reason)
         abandoned = [
@@ -761,20 +856,21 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             for g, works in self._abandoned_update_groups or []
             if not all(w.is_completed() for w in works)
         ]
-        if not usable:
-            group = self._update_groups.pop(session.group_name, None)
+        lost = [name for name, ok in usable_groups.items() if not ok]
+        for name, receiver in _receivers_by_group(session):
+            group = self._update_groups.pop(name, None) if name in lost else None
             if group is not None:
                 # Unregister the name so the group can be initialised again,
                 # but keep the object alive until its receive ends.
                 torch.distributed.destroy_process_group(group)
-                abandoned.append((group, list(session.receiver.pending_works)))
+                abandoned.append((group, list(receiver.pending_works)))
         self._abandoned_update_groups = abandoned
         self._end_two_phase_session(
             True, f"{outcome}: {reason}" if outcome == FAILED else outcome
         )
-        if not usable:
-            self._forget_group(session.group_name)
-        return usable
+        for name in lost:
+            self._forget_group(name)
+        return lost
 
     def two_phase_session_conflict(
         self: Scheduler, group_name: str, operation: str
@@ -782,7 +878,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         """Why `operation` may not touch `group_name` now: an open session
         owns its group until it completes or aborts."""
         session = self._two_phase_session
-        if session is None or session.group_name != group_name:
+        if session is None or group_name not in session.group_names:
             return None
         return (
             f"group_name: a weight update session is open on group "
@@ -811,7 +907,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         that nothing frees the group under a posted receive."""
         session = self._two_phase_session
         aborted = None
-        if session is not None and session.group_name == group_name:
+        if session is not None and group_name in session.group_names:
             self._discard_two_phase_session(session, ABORTED)
             aborted = "the weight update session open on it was aborted (the served weights are unchanged)"
         self._forget_group(group_name)
@@ -838,24 +934,34 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 status_code=409,
                 group_usable=recv_req.group_name in groups,
             )
-        if session.group_name != recv_req.group_name:
+        if recv_req.group_name not in session.group_names:
             return AbortWeightsUpdateReqOutput(
                 success=False,
-                message=f"group_name: the open session is for group "
-                f"'{session.group_name}', not '{recv_req.group_name}'",
+                message=f"group_name: the open session is for group(s) "
+                f"{session.groups_text()}, not '{recv_req.group_name}'",
                 status_code=400,
                 open_session_group=session.group_name,
             )
-        usable = self._discard_two_phase_session(
-            session, ABORTED, abort_header_sent=recv_req.abort_header_sent
+        lost = self._discard_two_phase_session(
+            session,
+            ABORTED,
+            abort_header_sent=recv_req.abort_header_sent,
+            abort_header_sent_groups=recv_req.abort_header_sent_groups,
         )
-        results = gather_from_tp_ranks(self, {"success": True, "usable": usable})
-        usable = all(r["usable"] for r in results)
+        results = gather_from_tp_ranks(self, {"success": True, "lost": lost})
+        lost = [n for n in session.group_names if any(n in r["lost"] for r in results)]
+        usable = not lost
         message = "aborted; the served weights are unchanged"
-        if not usable:
+        if len(lost) == 1:
             message += (
-                f"; group '{session.group_name}' was left mid-transfer and was "
+                f"; group '{lost[0]}' was left mid-transfer and was "
                 f"destroyed: call /init_weights_update_group again"
+            )
+        elif lost:
+            message += (
+                f"; groups {', '.join(repr(n) for n in lost)} were left "
+                f"mid-transfer and were destroyed: call "
+                f"/init_weights_update_group again for each"
             )
         return AbortWeightsUpdateReqOutput(
             success=True,
@@ -863,6 +969,23 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             group_usable=usable,
             session_id=session.session_id,
         )
+
+
+def _receivers_by_group(session: _Session) -> List[Tuple[str, GroupReceiver]]:
+    shares = getattr(session.receiver, "shares", None)
+    return shares if shares is not None else [(session.group_name, session.receiver)]
+
+
+def _share_group_names(recv_req: PrepareWeightsUpdateReqInput) -> Optional[List[str]]:
+    """The groups a prepare names (group_name's, then each share's), or
+    None where a share is malformed or names a group twice."""
+    names = [recv_req.group_name]
+    for share in recv_req.shares or []:
+        name = share.get("group_name") if isinstance(share, dict) else None
+        if not isinstance(name, str) or name in names:
+            return None
+        names.append(name)
+    return names
 
 
 def _free_memory(device) -> int:

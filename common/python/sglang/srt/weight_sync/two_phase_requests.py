@@ -23,7 +23,7 @@ from sglang.srt.managers.io_struct import (
     PrepareWeightsUpdateReqOutput,
 )
 from sglang.srt.utils.aio_rwlock import RWLock
-from sglang.srt.weight_sync.staged_receiver import parse_buckets
+from sglang.srt.weight_sync.session_shares import parse_shares
 
 # How long one complete attempt may hold the scheduler while bytes still arrive.
 SCHEDULER_WAIT_S = 0.005
@@ -79,7 +79,9 @@ def parse_prepare_body(body: bytes) -> PrepareWeightsUpdateReqInput:
         obj = _PREPARE_ADAPTER.validate_python(payload)
     except pydantic.ValidationError as e:
         raise ValueError(validation_message(e)) from None
-    parse_buckets(obj.num_buckets, obj.buckets, obj.load_format)
+    parse_shares(
+        obj.group_name, obj.num_buckets, obj.buckets, obj.shares, obj.load_format
+    )
     return obj
 
 

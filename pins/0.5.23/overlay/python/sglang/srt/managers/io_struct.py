@@ -2229,10 +2229,18 @@ class PrepareWeightsUpdateReqInput(BaseReq, kw_only=True):
     # update instead (weight_sync/bucket_header.py): an abort it sends keeps
     # the group usable; a refused prepare then waits for that abort header
     framed: StrictBool = False
+    # The update's other shares, each streamed by its own sender over its own
+    # group ({"group_name", "num_buckets", "buckets"}; the buckets above are
+    # group_name's share): one session, verified and applied once, when every
+    # share has arrived (a pipeline-parallel trainer: one group per stage)
+    shares: Optional[List[Dict[str, Any]]] = None
 
     def __post_init__(self):
         check_group_name(self.group_name)
         check_session_id(self.session_id)
+        for k, share in enumerate(self.shares or []):
+            if "group_name" in share:
+                check_group_name(share["group_name"], f"shares[{k}].group_name")
 
 
 class PrepareWeightsUpdateReqOutput(BaseReq, kw_only=True):
@@ -2311,10 +2319,17 @@ class AbortWeightsUpdateReqInput(BaseReq, kw_only=True):
     # The sender broadcast the abort header (a framed session): the receive
     # ends by itself and the group stays usable
     abort_header_sent: StrictBool = False
+    # A session of several groups: the groups whose sender broadcast the
+    # abort header (the others' senders had sent every bucket, or are gone)
+    abort_header_sent_groups: Optional[List[StrictStr]] = None
 
     def __post_init__(self):
         check_group_name(self.group_name)
         check_session_id(self.session_id)
+        if self.abort_header_sent and self.abort_header_sent_groups is not None:
+            raise ValueError(
+                "abort_header_sent_groups: give it or abort_header_sent, not both"
+            )
 
 
 class AbortWeightsUpdateReqOutput(BaseReq, kw_only=True):

@@ -21,4 +21,5 @@ FEATURES = (
     "apply_outcome_of_every_rank",
     "session_ids",
     "in_band_abort",
+    "multi_group_sessions",
 )
