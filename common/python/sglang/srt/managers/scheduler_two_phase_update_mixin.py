@@ -50,6 +50,11 @@ from sglang.srt.weight_sync.load_check import (
     check_declared_shapes,
     check_loadable,
 )
+from sglang.srt.weight_sync.session_shares import (
+    SerialSink,
+    SharedSessionReceiver,
+    parse_shares,
+)
 from sglang.srt.weight_sync.shadow_params import (
     ShadowParameters,
     parameter_bytes,
@@ -64,11 +69,6 @@ from sglang.srt.weight_sync.staged_receiver import (
     WeightsUpdateError,
     check_digest_format,
     ring_bytes,
-)
-from sglang.srt.weight_sync.session_shares import (
-    SerialSink,
-    SharedSessionReceiver,
-    parse_shares,
 )
 from sglang.srt.weight_sync.sync_metrics import (
     ABORTED,
