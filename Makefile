@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 # of the series' behaviour in a real server.
 PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent")
 
-.PHONY: help upstream worktree patches overlay check apply revert pr-branch \
+.PHONY: help upstream worktree patches overlay check new-releases apply revert pr-branch \
         venv wheel install test test-pin demo rl-demo soak format clean bench-cpu \
         bench-memory
 
@@ -39,7 +39,8 @@ help:
 	@echo "                                reward table, docs/rl-loop.png, bench/results/rl-loop-<date>.json"
 	@echo "make soak                       30 syncs with random faults into TP 1 + TP 2 under load, checked (bench/results/)"
 	@echo "make check                      fail on any drift between series, pristine, overlay and common/ (every pin)"
-	@echo "make apply SGLANG_DIR=<tree>    apply the series of the tree's SGLang version ($(PINS)): a checkout"
+	@echo "make new-releases               releases on the package index that pins/releases does not map yet"
+	@echo "make apply SGLANG_DIR=<tree>    apply the series that serves the tree's SGLang version (pins/releases): a checkout"
 	@echo "                                (local commits and edits are fine), an unpacked sdist or wheel,"
 	@echo "                                site-packages or the sglang package dir; all-or-nothing,"
 	@echo "                                3-way merge in git checkouts"
@@ -62,6 +63,9 @@ upstream worktree patches overlay:
 
 check:
 	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) check
+
+new-releases:
+	@$(DEVTOOLS) new-releases
 
 apply revert pr-branch:
 	@test -n "$(SGLANG_DIR)" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }

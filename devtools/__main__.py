@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from devtools import checkout, series, wheel
+from devtools import checkout, releases, series, wheel
 from devtools.pin import PinError
 
 
@@ -41,8 +41,17 @@ def _layout_for_tree(args: argparse.Namespace, tree: Path) -> series.Layout:
     found = (checkout.detect_version(tree) or "").split("+")[0]
     if found in versions:
         return series.Layout(root, found)
-    # Raises, naming what the tree has and the versions the series is for.
-    checkout.check_tree(tree, series.Layout(root).pin(), versions)
+    release = releases.read_releases(root).get(found)
+    if release is not None and release.series is not None:
+        return series.Layout(root, release.series)
+    if release is not None:
+        raise checkout.CheckoutError(
+            f"{tree}: SGLang {found} found, which no series serves yet "
+            f"({release.note}; {releases.RELEASES_FILE}); the series serve "
+            f"{', '.join(releases.supported(root))}"
+        )
+    # Raises, naming what the tree has and the releases a series serves.
+    checkout.check_tree(tree, series.Layout(root).pin(), releases.supported(root))
     raise AssertionError("unreachable")
 
 
@@ -107,6 +116,25 @@ def cmd_wheel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_new_releases(args: argparse.Namespace) -> int:
+    """Releases on the package index, from the oldest pin on, that
+    pins/releases does not list: each needs a decision (a series as it is,
+    adjustments, or a new pin)."""
+    root = _root(args)
+    known = releases.read_releases(root)
+    oldest = series.version_key(series.pin_versions(root)[0])
+    new = [
+        v
+        for v in releases.index_versions()
+        if series.version_key(v) >= oldest and v not in known
+    ]
+    for version in sorted(new, key=series.version_key):
+        print(f"{version}: not in {releases.RELEASES_FILE}")
+    if not new:
+        print(f"every release on the index is in {releases.RELEASES_FILE}")
+    return 0
+
+
 def _checkout_cmd(fn):
     def run(args: argparse.Namespace) -> int:
         layout = _layout_for_tree(args, Path(args.sglang_dir))
@@ -136,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("patches", cmd_patches, "re-export the series from the worktree"),
         ("overlay", cmd_overlay, "regenerate overlay/ from pristine + series"),
         ("check", cmd_check, "fail on any drift between series and overlay"),
+        ("new-releases", cmd_new_releases, "releases on the index not mapped yet"),
     ):
         sub.add_parser(name, help=text).set_defaults(fn=fn)
     p = sub.add_parser("wheel", help="the forked wheel of a wheel-only pin")

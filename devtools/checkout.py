@@ -199,7 +199,7 @@ def detect_version(tree: Path) -> str | None:
 def check_tree(tree: Path, pin: Pin, supported: list[str] | None = None) -> Target:
     """The tree, if it holds SGLang `pin.version`; else CheckoutError naming
     the versions the series exists for (`supported`, default the pin's)."""
-    versions = ", ".join(supported or [pin.version])
+    versions = ", ".join(supported or [pin.version, *pin.serves])
     target = find_target(tree)
     infos = {_metadata_version(d / "METADATA") for d in _dist_infos(target.root)}
     if target.kind == "site-packages" and len(infos) > 1:
@@ -217,7 +217,7 @@ def check_tree(tree: Path, pin: Pin, supported: list[str] | None = None) -> Targ
             f"{tags if target.is_git else ''}); the series needs {versions}"
         )
     version, source = found
-    if version.split("+")[0] != pin.version:
+    if version.split("+")[0] not in (pin.version, *pin.serves):
         raise CheckoutError(
             f"{target.root}: SGLang {version} found ({source}), but the series is "
             f"for {versions}; use SGLang {versions.replace(', ', ' or ')} (in a "

@@ -30,6 +30,8 @@ class Pin:
     sha256: str
     series: int
     wheel: str = ""
+    # Other releases this series applies to as it is (pins/releases)
+    serves: tuple[str, ...] = ()
 
     @property
     def local_version(self) -> str:

@@ -13,6 +13,7 @@ Standard library and git only.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import os
@@ -154,7 +155,14 @@ class Layout:
         return self.build_dir / "work"
 
     def pin(self) -> Pin:
-        return read_pin(self.pin_file)
+        """The pin, with the other releases its series serves as it is."""
+        from devtools.releases import RELEASES_FILE, served_by
+
+        pin = read_pin(self.pin_file)
+        if not (self.root / RELEASES_FILE).is_file():
+            return pin
+        others = [v for v in served_by(self.root, pin.version) if v != pin.version]
+        return dataclasses.replace(pin, serves=tuple(others))
 
     def patches(self) -> list[Path]:
         return read_series(self.patches_dir)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import checkout, series
+from devtools import checkout, releases, series
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = series.Layout(ROOT)
@@ -304,9 +304,16 @@ def test_git_checkout_of_another_release_is_refused_naming_both(tree):
     sh(tree, "commit", "-q", "--allow-empty", "-m", "a local commit")
     proc = make("apply", tree)
     assert proc.returncode != 0
+    assert "SGLang 0.5.11 found, which no series serves yet" in proc.stderr
+    assert "0.5.10's stops at 0003 (health)" in proc.stderr
+    assert f"the series serve {', '.join(releases.supported(ROOT))}" in proc.stderr
+    assert status(tree) == ""
+    # Named to the series of another release, it says what the tree has.
+    proc = make("apply", tree, PIN="0.5.10")
+    assert proc.returncode != 0
     assert "SGLang 0.5.11 found" in proc.stderr
     assert "1 commits on v0.5.11" in proc.stderr
-    assert "the series is for 0.5.10" in proc.stderr
+    assert "the series is for 0.5.10, 0.5.10.post1" in proc.stderr
     assert status(tree) == ""
 
 
@@ -384,7 +391,7 @@ def test_installed_sglang_of_another_version_is_refused(tmp_path, upstream_tree)
     assert proc.returncode != 0
     assert "SGLang 0.5.9 found (sglang-0.5.9.dist-info/METADATA)" in proc.stderr
     # Every pinned release is named (the tree's version picks the series).
-    assert f"the series is for {', '.join(series.pin_versions(ROOT))}" in proc.stderr
+    assert f"the series is for {', '.join(releases.supported(ROOT))}" in proc.stderr
     assert files_of(sp) == before
 
 
