@@ -82,6 +82,10 @@ def test_a_release_served_as_is_takes_apply_and_revert(release, tmp_path):
         proc.stdout
     )
     assert (site / "sglang" / "srt" / "weight_sync" / "session_shares.py").is_file()
+    changed = [p for p, data in files_of(site).items() if before.get(p) != data]
+    for rel in changed:  # every file the series wrote compiles on the release
+        if rel.endswith(".py"):
+            compile((site / rel).read_text(), rel, "exec")
     back = make("revert", site)
     assert back.returncode == 0, back.stderr
     assert files_of(site) == before
