@@ -108,8 +108,18 @@ def test_a_dead_trainers_late_calls_leave_the_new_trainers_session_alone(
             session_id=a_session,
         )
         assert "was destroyed since" in str(error), error
+        from_b = b.session_id
         b.sync(model_weights, weight_version="restored")
-        # B's own ended session names the group as it is: B may destroy it.
+        # B's first session is not the group's last one any more: a late
+        # destroy naming it changes nothing.
+        error = refusal(
+            client.destroy_weights_update_group,
+            url,
+            group_name=group,
+            session_id=from_b,
+        )
+        assert "a later session used group" in str(error), error
+        # B's own last session names the group as it is: B may destroy it.
         client.destroy_weights_update_group(
             url, group_name=group, session_id=b.session_id
         )

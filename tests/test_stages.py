@@ -25,6 +25,7 @@ from safetensors.torch import load_file
 from harness.cpu_sglang import free_port
 from harness.weights import perturbed, save_checkpoint
 from rlsync import client
+from rlsync.group import GroupJoin, leave_update_group
 from rlsync.sender import Engine
 
 BUCKET_BYTES = 16 << 10
@@ -243,3 +244,104 @@ def test_malformed_shares_are_a_400_naming_the_field(server_tp1, shares, message
     assert message in err.value.message, err.value.message
     with pytest.raises(client.EngineError, match="no weight update session is open"):
         client.abort_weights_update(server_tp1.url, group_name="g", timeout=30)
+
+
+@pytest.fixture
+def two_groups(server_tp1):
+    """Two update groups between this process and the TP 1 server."""
+    names, groups = [f"share{k}-{free_port()}" for k in range(2)], []
+    try:
+        for name in names:
+            port = free_port()
+            join = GroupJoin("127.0.0.1", port, 2, group_name=name, timeout=60)
+            join.start()
+            client.init_weights_update_group(
+                server_tp1.url,
+                master_address="127.0.0.1",
+                master_port=port,
+                rank_offset=1,
+                world_size=2,
+                group_name=name,
+                backend="gloo",
+                timeout=60,
+            )
+            assert join.future.exception(timeout=60) is None
+            groups.append(join.result())
+        yield names
+    finally:
+        for name in names:
+            try:
+                client.destroy_weights_update_group(server_tp1.url, group_name=name)
+            except client.EngineError:
+                pass
+        for group in groups:
+            leave_update_group(group)
+
+
+def q_proj(fused: bool) -> dict:
+    name = "qkv_proj" if fused else "q_proj"
+    shape = [64 + 2 * 64, 64] if fused else [64, 64]
+    return {
+        "names": [f"model.layers.0.self_attn.{name}.weight"],
+        "dtypes": ["float32"],
+        "shapes": [shape],
+    }
+
+
+@pytest.mark.parametrize(
+    "top, share, message",
+    [
+        (
+            q_proj(False),
+            q_proj(True),
+            "shares[0].buckets[0].names[0]: 'model.layers.0.self_attn.qkv_proj."
+            "weight' loads into the same part of",
+        ),
+        (
+            BUCKET,
+            {"names": ["lm_head.weight"], "dtypes": ["float32"], "shapes": [[3, 3]]},
+            "shares[0].buckets[0].shapes[0]",
+        ),
+    ],
+    ids=["fused_and_unfused_in_two_shares", "a_share_s_shape"],
+)
+def test_a_share_s_tensor_refused_at_prepare_names_the_share(
+    server_tp1, two_groups, top, share, message
+):
+    body = {
+        "group_name": two_groups[0],
+        "num_buckets": 1,
+        "buckets": [top],
+        "shares": [{"group_name": two_groups[1], "num_buckets": 1, "buckets": [share]}],
+    }
+    with pytest.raises(client.EngineError) as err:
+        client.call(server_tp1.url, "/prepare_weights_update", body, timeout=60)
+    assert err.value.status == 400 and message in err.value.message, err.value
+    with pytest.raises(client.EngineError, match="no weight update session is open"):
+        client.abort_weights_update(server_tp1.url, group_name=two_groups[0])
+
+
+def test_an_abort_naming_a_group_of_no_share_changes_nothing(server_tp1, two_groups):
+    url = server_tp1.url
+    answer = client.prepare_weights_update(
+        url,
+        [BUCKET],
+        group_name=two_groups[0],
+        shares={two_groups[1]: [OTHER]},
+        framed=True,
+        session_id=client.new_session_id(),
+    )
+    with pytest.raises(client.EngineError) as err:
+        client.abort_weights_update(
+            url,
+            group_name=two_groups[0],
+            session_id=answer.session_id,
+            abort_header_sent_groups=[two_groups[1], "elsewhere"],
+        )
+    assert err.value.status == 400, err.value
+    assert "abort_header_sent_groups: ['elsewhere']" in err.value.message
+    # The session is still open: a proper abort closes it.
+    done = client.abort_weights_update(
+        url, group_name=two_groups[1], session_id=answer.session_id
+    )
+    assert done.session_id == answer.session_id

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser(
         "status", help="health, weight version and updates in flight of engines"
     )
-    p.add_argument("urls", nargs="+", metavar="URL", type=engine_url)
+    p.add_argument("urls", nargs="+", metavar="URL")
     p.add_argument("--timeout", type=float, default=10.0)
     p.add_argument(
         "--api-key", help="the engines' --api-key (default: $SGLANG_API_KEY)"
@@ -124,15 +124,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--path", required=True, help="checkpoint directory as the engines see it"
     )
-    p.add_argument(
-        "urls", nargs="*", metavar="URL", type=engine_url, help="SGLang engines"
-    )
+    p.add_argument("urls", nargs="*", metavar="URL", help="SGLang engines")
     p.add_argument(
         "--vllm",
         action="append",
         default=[],
         metavar="URL",
-        type=engine_url,
         help="a vLLM engine (its /collective_rpc); repeatable",
     )
     p.add_argument(
@@ -144,7 +141,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm-api-key", help="vLLM API key")
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(fn=cmd_sync_disk)
-    args = parser.parse_args(argv)
+    # URLs are checked after parsing: an option the command lacks is then
+    # reported as such, not as a URL without a scheme (the value after it).
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    for url in [*getattr(args, "urls", []), *getattr(args, "vllm", [])]:
+        try:
+            engine_url(url)
+        except argparse.ArgumentTypeError as e:
+            parser.error(f"argument URL: {e}")
     return args.fn(args)
 
 

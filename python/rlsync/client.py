@@ -161,8 +161,28 @@ def call(
     except ValueError:
         body = resp.text
     if resp.status_code >= 400:
-        raise EngineError(url, endpoint, resp.status_code, error_message(body), body)
+        message = error_message(body)
+        if resp.status_code == 401:
+            message += ": " + _key_advice(admin_key, api_key)
+        raise EngineError(url, endpoint, resp.status_code, message, body)
     return body
+
+
+def _key_advice(admin_key: Optional[str], api_key: Optional[str]) -> str:
+    """What a 401 means for the key this call sent."""
+    sent = (
+        "the admin key given (admin_key) was refused"
+        if admin_key
+        else (
+            "the API key given (api_key) was refused" if api_key else "no key was sent"
+        )
+    )
+    return (
+        f"{sent}. Admin routes take the server's admin key (--admin-api-key or "
+        f"$SGLANG_ADMIN_API_KEY where it was started) if it has one, else its "
+        f"--api-key; other routes take its --api-key: Engine(url, tp_size, "
+        f"admin_key=..., api_key=...), or rlsync's --admin-key/--api-key"
+    )
 
 
 def error_message(body: Any) -> str:

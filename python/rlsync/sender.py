@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures as cf
 import logging
 import sys
+import threading
 import time
 import warnings
 from collections.abc import AsyncIterable
@@ -622,11 +623,25 @@ class WeightSender:
                 out.append((engine, e))
         return out
 
-    def connect(self) -> None:
+    def connect(self, wait: float = 0.0) -> None:
         """Every engine joins the group (rank offsets in list order), then us.
         Fails first, naming the engine, if one lacks the two-phase update; an
         engine that refuses the group fails it at once, and the trainer's own
-        join is torn down before the SyncError is raised."""
+        join is torn down before the SyncError is raised. `wait`: seconds to
+        wait first for every engine's /health to answer 200 (a trainer
+        started with its servers), logging which engines it still waits for
+        every 10 s; past it, SyncError naming them. NCCL on a trainer
+        without a GPU fails at once, saying to use gloo."""
+        if self.backend == "nccl" and not torch.cuda.is_available():
+            raise SyncError(
+                "connect",
+                "backend='nccl': NCCL needs a CUDA GPU on the trainer, and this "
+                "host has none (torch.cuda.is_available() is False); use "
+                "backend='gloo' (CPU engines, tests), or run the trainer on a "
+                "GPU host",
+            )
+        if wait > 0:
+            self._wait_until_healthy(wait)
         for engine, res in self._each(
             lambda e: client.require_features(
                 e.url, REQUIRED_FEATURES, api_key=e.api_key
@@ -678,6 +693,38 @@ class WeightSender:
             leave_update_group(self.group)
             self.group = None
             raise SyncError("connect", "; ".join(failed))
+
+    def _wait_until_healthy(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        next_note = time.monotonic() + 10.0
+        pause = threading.Event()
+        while True:
+            answers = {
+                e.url: a
+                for e, a in self._each(lambda e: client.health_detail(e.url, timeout=5))
+            }
+            waiting = {url: a for url, a in answers.items() if a[0] != 200}
+            if not waiting:
+                return
+            now = time.monotonic()
+            if now >= deadline:
+                raise SyncError(
+                    "connect",
+                    f"not healthy after {seconds:g} s: "
+                    + "; ".join(
+                        f"{url} ({'no answer' if code == 0 else f'HTTP {code}'}: "
+                        f"{body[:120]})"
+                        for url, (code, body) in waiting.items()
+                    ),
+                )
+            if now >= next_note:
+                logger.warning(
+                    "rlsync connect: waiting for %s (%.0f s left)",
+                    ", ".join(waiting),
+                    deadline - now,
+                )
+                next_note = now + 10.0
+            pause.wait(min(1.0, max(0.0, deadline - now)))
 
     def _init_engines(self) -> list[tuple[Engine, cf.Future]]:
         """`init_weights_update_group` on every engine at once, each at its

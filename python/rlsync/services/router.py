@@ -871,7 +871,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(
         prog="rlsync router", description=__doc__.split("\n\n", 1)[0]
     )
-    ap.add_argument("workers", nargs="+", metavar="WORKER_URL", type=engine_url)
+    ap.add_argument("workers", nargs="+", metavar="WORKER_URL")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30080)
     ap.add_argument("--admin-api-key", help="default: $SGLANG_ADMIN_API_KEY")
@@ -906,7 +906,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=DEFAULT_MAX_BODY_BYTES >> 20,
         help="largest admin request body in MiB, then 413",
     )
-    args = ap.parse_args(argv)
+    # URLs are checked after parsing: a flag the router lacks is reported as
+    # such, not as a URL without a scheme (the value after it).
+    args, unknown = ap.parse_known_args(argv)
+    if unknown:
+        ap.error(f"unrecognized arguments: {' '.join(unknown)}")
+    for url in args.workers:
+        try:
+            engine_url(url)
+        except argparse.ArgumentTypeError as e:
+            ap.error(f"argument WORKER_URL: {e}")
     logging.basicConfig(
         level=logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -53,6 +53,7 @@ from sglang.srt.weight_sync.load_check import (
 from sglang.srt.weight_sync.session_shares import (
     SerialSink,
     SharedSessionReceiver,
+    check_one_owner,
     parse_shares,
 )
 from sglang.srt.weight_sync.shadow_params import (
@@ -130,10 +131,26 @@ class _Session:
 class _EndedSession:
     outcome: str
     group_name: str
-    # A group of the session was destroyed since: a group of that name now
-    # is another one
-    group_gone: bool = False
     group_names: Tuple[str, ...] = ()
+    # Its groups destroyed since (a group of that name now is another one),
+    # and those a later session used since (it was not their last session)
+    groups_gone: set = field(default_factory=set)
+    groups_reused: set = field(default_factory=set)
+
+
+def _parameter_part_of(model) -> Callable[[str], Tuple[str, Any]]:
+    """A checkpoint name's parameter and the shard of it the name fills
+    (None: the whole), as the model's `stacked_params_mapping` says."""
+    mapping = getattr(model, "stacked_params_mapping", None) or []
+
+    def part_of(name: str) -> Tuple[str, Any]:
+        for entry in mapping:
+            param_name, weight_name, shard = entry[0], entry[1], entry[2]
+            if weight_name in name:
+                return name.replace(weight_name, param_name), shard
+        return name, None
+
+    return part_of
 
 
 def _known_name_checker(model) -> Optional[Callable[[str], bool]]:
@@ -269,11 +286,17 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 f"session_id: session '{session_id}' was on group "
                 f"'{ended.group_name}', not '{group_name}': not destroyed"
             )
-        if ended.group_gone:
+        if group_name in ended.groups_gone:
             return (
                 f"session_id: session '{session_id}' has ended ({ended.outcome}) "
                 f"and group '{group_name}' was destroyed since; the group of "
                 f"that name now is another one: not destroyed"
+            )
+        if group_name in ended.groups_reused:
+            return (
+                f"session_id: session '{session_id}' has ended ({ended.outcome}) "
+                f"and a later session used group '{group_name}' since: not "
+                f"destroyed"
             )
         return None
 
@@ -281,7 +304,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         """The group is destroyed: sessions that used it are stale for it."""
         for ended in (self._ended_sessions or {}).values():
             if group_name in (ended.group_names or (ended.group_name,)):
-                ended.group_gone = True
+                ended.groups_gone.add(group_name)
 
     def maybe_yield_to_weight_receiver(self: Scheduler) -> None:
         """Without --sleep-on-idle an idle scheduler polls its sockets in a
@@ -413,6 +436,8 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                         f"{field}: no update group '{share.group_name}' on this "
                         f"server; call /init_weights_update_group first"
                     )
+            if len(shares) > 1:
+                check_one_owner(shares, _parameter_part_of(model_runner.model))
             buckets = [bucket for share in shares for bucket in share.buckets]
             unsupported = unsupported_post_processing(self._staged_models())
             if unsupported:
@@ -420,9 +445,14 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             copy_bytes = parameter_bytes(self._staged_models())
             self._check_staging_budget(copy_bytes, [s.buckets for s in shares])
             staging_bytes = copy_bytes + sum(ring_bytes(s.buckets) for s in shares)
-            _check_loadable(
-                model_runner.model, self.server_args.model_path, self.tp_size, buckets
-            )
+            for k, share in enumerate(shares):
+                _check_loadable(
+                    model_runner.model,
+                    self.server_args.model_path,
+                    self.tp_size,
+                    share.buckets,
+                    field="buckets" if k == 0 else f"shares[{k - 1}].buckets",
+                )
             if self._two_phase_pool is None:
                 self._two_phase_pool = StagingPool(model_runner.device)
             shadow = self._shadow_for_update()
@@ -485,7 +515,11 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 awaits_abort_header=awaits_abort_header,
                 session_id=recv_req.session_id if awaits_abort_header else None,
             )
-        # Every rank accepted: the update runs in the release's session.
+        # Every rank accepted: the update runs in the release's session. An
+        # ended session was not the last one of these groups any more.
+        opened_on = set(getattr(receiver, "group_names", [recv_req.group_name]))
+        for ended in (self._ended_sessions or {}).values():
+            ended.groups_reused.update(set(ended.group_names) & opened_on)
         self._begin_release_session()
         receiver.start()
         self._two_phase_session = _Session(
@@ -553,6 +587,8 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             else SharedSessionReceiver(list(zip(names, receivers)))
         )
         receiver.start()
+        for ended in (self._ended_sessions or {}).values():
+            ended.groups_reused.update(set(ended.group_names) & set(names))
         self._two_phase_session = _Session(
             recv_req.group_name,
             receiver,
@@ -942,6 +978,19 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 status_code=400,
                 open_session_group=session.group_name,
             )
+        strangers = [
+            name
+            for name in recv_req.abort_header_sent_groups or []
+            if name not in session.group_names
+        ]
+        if strangers:
+            return AbortWeightsUpdateReqOutput(
+                success=False,
+                message=f"abort_header_sent_groups: {strangers} are not groups of "
+                f"the open session ({session.groups_text()}); nothing was aborted",
+                status_code=400,
+                open_session_group=session.group_name,
+            )
         lost = self._discard_two_phase_session(
             session,
             ABORTED,
@@ -998,7 +1047,9 @@ def _free_memory(device) -> int:
     return psutil.virtual_memory().available
 
 
-def _check_loadable(model, model_path: str, tp_size: int, buckets: List) -> None:
+def _check_loadable(
+    model, model_path: str, tp_size: int, buckets: List, field: str = "buckets"
+) -> None:
     """Fail prepare, naming the field, for anything the apply would reject
     or would load wrongly."""
     specs = [(b.index, i, t) for b in buckets for i, t in enumerate(b.tensors)]
@@ -1008,7 +1059,7 @@ def _check_loadable(model, model_path: str, tp_size: int, buckets: List) -> None
         check_loadable(model, tensors)
     except LoadCheckError as e:
         bucket, position, _ = specs[e.index]
-        raise WeightsUpdateError(f"buckets[{bucket}].{e.field}[{position}]: {e}")
+        raise WeightsUpdateError(f"{field}[{bucket}].{e.field}[{position}]: {e}")
 
 
 def _check_complete_digests(

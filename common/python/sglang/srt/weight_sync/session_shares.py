@@ -111,6 +111,43 @@ def _check_disjoint(shares: Sequence[ShareSpec]) -> None:
                 seen[spec.name] = where
 
 
+def check_one_owner(
+    shares: Sequence[ShareSpec], target_of: Callable[[str], Tuple[str, Any]]
+) -> None:
+    """No two shares load into the same part of one parameter (`target_of`
+    maps a name to its parameter and the shard of it the name fills, None
+    for the whole): the shares arrive in no fixed order, so which one
+    would win is chance. A fused parameter's shards may come from
+    different shares (q_proj from one, k_proj from another)."""
+    owners: Dict[Tuple[str, Any], str] = {}
+    wholes: Dict[str, str] = {}
+    parts: Dict[str, str] = {}
+    for k, share in enumerate(shares):
+        prefix = "" if k == 0 else f"shares[{k - 1}]."
+        for bucket in share.buckets:
+            for i, spec in enumerate(bucket.tensors):
+                where = f"{prefix}buckets[{bucket.index}].names[{i}]"
+                param, shard = target_of(spec.name)
+                clash = (
+                    owners.get((param, shard))
+                    if shard is not None
+                    else parts.get(param) or wholes.get(param)
+                )
+                if shard is not None and clash is None:
+                    clash = wholes.get(param)
+                if clash is not None and not clash.startswith(prefix + "buckets"):
+                    raise WeightsUpdateError(
+                        f"{where}: {spec.name!r} loads into the same part of "
+                        f"{param!r} as {clash}, which another share sends; "
+                        f"each parameter part belongs to one share"
+                    )
+                owners[(param, shard)] = where
+                if shard is None:
+                    wholes.setdefault(param, where)
+                else:
+                    parts.setdefault(param, where)
+
+
 class SerialSink:
     """The staged copy as every share's receivers reach it: `begin` runs
     once, before the first bucket of any share is loaded, and one bucket is
