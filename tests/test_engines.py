@@ -88,7 +88,9 @@ def test_disk_sync_failure_is_reported_with_the_servers_message(server_tp1, tmp_
 
 def test_cli_status_reads_the_weight_version_with_the_api_key(keyed_server):
     without = rlsync_cli("status", keyed_server.url)
-    assert "weight_version=? (Unauthorized)" in without.stdout, without.stdout
+    assert (
+        "weight_version=? (Unauthorized: give --api-key" in without.stdout
+    ), without.stdout
     keyed = rlsync_cli("status", keyed_server.url, "--api-key", KEYED_API_KEY)
     assert keyed.returncode == 0, keyed.stderr
     assert "healthy (HTTP 200)" in keyed.stdout

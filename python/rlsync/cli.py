@@ -44,7 +44,11 @@ def cmd_status(args: argparse.Namespace) -> int:
                 url, timeout=args.timeout, api_key=_api_key(args)
             )
         except client.EngineError as e:
-            version = f"? ({e.message})"
+            version = (
+                "? (Unauthorized: give --api-key or set $SGLANG_API_KEY)"
+                if e.status == 401
+                else f"? ({e.message})"
+            )
         in_flight = body.strip() if code == 200 and body.strip() else "-"
         state = (
             "healthy" if code == 200 else ("unreachable" if code == 0 else "unhealthy")
