@@ -6,7 +6,7 @@ PYTHON   ?= python3
 DEVTOOLS := PYTHONPATH=$(CURDIR) $(PYTHON) -m devtools
 # Every pin (pins/<version>/), oldest first; PIN=<version> picks one, else the
 # oldest for the one-pin targets, and every pin for check and test.
-PINS     := $(shell ls -v pins)
+PINS     := $(shell cd pins && ls -v */upstream.pin | cut -d/ -f1)
 PIN      ?=
 P        := $(or $(PIN),$(firstword $(PINS)))
 PIN_FILE := pins/$(P)/upstream.pin

@@ -70,6 +70,17 @@ def test_the_map_lists_every_pin_in_order():
             assert series.Layout(ROOT, release.series).pin().serves
 
 
+def test_make_runs_the_tests_of_every_pin_and_nothing_else():
+    # pins/ holds the release map beside the pins: make test must not take it
+    # for a pin (it did, and CI failed after both pins had passed).
+    shown = subprocess.run(
+        ["make", "-s", "help"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    line = next(l for l in shown.splitlines() if l.startswith("make test PIN="))
+    listed = line[line.rindex("(") + 1 : line.rindex(")")].split()
+    assert listed == series.pin_versions(ROOT)
+
+
 @pytest.mark.parametrize("release", AS_IS, ids=[r.version for r in AS_IS])
 def test_a_release_served_as_is_takes_apply_and_revert(release, tmp_path):
     site = tmp_path / "site-packages"
