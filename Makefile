@@ -8,7 +8,16 @@ DEVTOOLS := PYTHONPATH=$(CURDIR) $(PYTHON) -m devtools
 # oldest for the one-pin targets, and every pin for check and test.
 PINS     := $(shell cd pins && ls -v */upstream.pin | cut -d/ -f1)
 PIN      ?=
-P        := $(or $(PIN),$(firstword $(PINS)))
+# RELEASE=<version>: a release a pin's series serves (pins/releases), not a
+# pin; the one-pin targets then work on the pin that serves it.
+OTHER_RELEASE := $(filter-out $(PINS),$(RELEASE))
+SERVING  := $(if $(OTHER_RELEASE),$(shell awk '$$1 == "$(OTHER_RELEASE)" && $$3 != "none" {print $$2}' pins/releases))
+P        := $(or $(PIN),$(filter $(RELEASE),$(PINS)),$(SERVING),$(firstword $(PINS)))
+# A release's server smoke: a sync per model family against upstream's own
+# disk load, health while a trainer joins late, a trainer killed mid-transfer.
+SMOKE_TESTS := tests/test_model_families.py::test_two_phase_sync_equals_upstream_disk_load \
+        tests/test_health.py::test_late_trainer_health_stays_200_and_watchdog_quiet \
+        tests/test_two_phase.py::test_trainer_killed_mid_transfer
 PIN_FILE := pins/$(P)/upstream.pin
 SERIES   := $(shell sed -n 's/^series *= *//p' $(PIN_FILE))
 VERSION  := $(shell sed -n 's/^version *= *//p' $(PIN_FILE))
@@ -26,7 +35,8 @@ PYTEST_ARGS ?=
 # of the series' behaviour in a real server.
 PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent")
 
-.PHONY: help upstream worktree patches overlay check new-releases apply revert pr-branch \
+.PHONY: help upstream worktree patches overlay check new-releases port port-export smoke support-matrix \
+        apply revert pr-branch \
         venv wheel install test test-pin demo rl-demo soak format clean bench-cpu \
         bench-memory
 
@@ -45,6 +55,11 @@ help:
 	@echo "                                site-packages or the sglang package dir; all-or-nothing,"
 	@echo "                                3-way merge in git checkouts"
 	@echo "make revert SGLANG_DIR=<tree>   remove it again (after a plain or 3-way apply)"
+	@echo "make wheel RELEASE=<version>    the forked wheel of a release a pin's series serves (pins/releases)"
+	@echo "make port RELEASE=<version>     build/<release>/work: the release + its series by git am -3 (resolve, continue)"
+	@echo "make port-export RELEASE=<v>    keep the patches that differ from the pin's as its port (pins/<pin>/releases/<v>/)"
+	@echo "make smoke RELEASE=<version>    the release's server smoke in its pin's environment; kept in pins/release-smokes"
+	@echo "make support-matrix             regenerate README's table of releases (pins/releases, pins/release-smokes)"
 	@echo "make pr-branch SGLANG_DIR=<git checkout> [AUTHOR=\"Name <mail>\"]"
 	@echo "                                branch off HEAD, one signed-off commit per patch"
 	@echo "                                (author defaults to the checkout's git user.name/user.email)"
@@ -67,6 +82,22 @@ check:
 new-releases:
 	@$(DEVTOOLS) new-releases
 
+port port-export:
+	@test -n "$(OTHER_RELEASE)" || { echo "error: set RELEASE=<version> (a release pins/releases maps adjusted)" >&2; exit 2; }
+	@$(DEVTOOLS) --release $(OTHER_RELEASE) $@
+
+# The release's wheel + its series, run by the serving pin's test environment.
+smoke: install
+	@test -n "$(SERVING)" || { echo "error: set RELEASE=<version> (a release pins/releases maps as-is or adjusted)" >&2; exit 2; }
+	@tree=$$($(DEVTOOLS) --release $(OTHER_RELEASE) smoke-tree) && echo "=== SGLang $(OTHER_RELEASE) ($$tree) in $(P)'s environment" && \
+	  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN RLSYNC_SGLANG_TREE=$$tree RLSYNC_SMOKE_RELEASE=$(OTHER_RELEASE) \
+	  $(VENV_PY) -m pytest -p no:cacheprovider --junitxml=build/$(OTHER_RELEASE)/smoke.xml $(SMOKE_TESTS); \
+	  $(DEVTOOLS) --release $(OTHER_RELEASE) smoke-record --junit build/$(OTHER_RELEASE)/smoke.xml \
+	  --environment "$(P)'s test environment (torch $$($(VENV_PY) -c 'import torch; print(torch.__version__)'))"
+
+support-matrix:
+	@$(DEVTOOLS) support-matrix
+
 apply revert pr-branch:
 	@test -n "$(SGLANG_DIR)" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }
 	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) $@ "$(SGLANG_DIR)" $(if $(and $(filter pr-branch,$@),$(AUTHOR)),--author "$(AUTHOR)")
@@ -78,6 +109,10 @@ venv:
 # environment under the constraints): no test environment needed. A wheel-only
 # pin's forked wheel is upstream's wheel repacked with the series.
 wheel:
+ifneq ($(OTHER_RELEASE),)
+	@mkdir -p dist
+	@$(DEVTOOLS) --release $(OTHER_RELEASE) wheel --dist dist
+else
 	@$(DEVTOOLS) --pin $(P) check
 	@rm -rf build/$(P)/wheel-src build/bdist* build/lib $(WHEEL) $(LIB_WHEEL)
 	@mkdir -p dist
@@ -86,9 +121,10 @@ ifeq ($(UPSTREAM_WHEEL),)
 else
 	@$(DEVTOOLS) --pin $(P) wheel --dist dist >/dev/null
 endif
+endif
 	@PIP_CONSTRAINT=$(CURDIR)/pins/$(P)/constraints.txt $(PYTHON) -m pip wheel --quiet --no-deps -w dist ./python
 	@rm -rf *.egg-info python/*.egg-info python/build
-	@ls $(WHEEL) $(LIB_WHEEL)
+	@ls $(if $(OTHER_RELEASE),,$(WHEEL)) $(LIB_WHEEL)
 
 install: venv wheel
 	@$(VENV_PY) -m pip install --quiet --no-deps --force-reinstall $(WHEEL) $(LIB_WHEEL)

@@ -3,7 +3,9 @@
 `make [PIN=<version>] upstream|worktree|patches|overlay|check|apply|revert|
 pr-branch` run `python -m devtools [--pin <version>] <the same verb>` from the
 repository root. Without a pin, `check` checks every pin and apply, revert
-and pr-branch take the pin of the tree's SGLang version.
+and pr-branch take the series that serves the tree's SGLang version
+(pins/releases). `make wheel|port|port-export RELEASE=<version>` run
+`python -m devtools --release <version> <verb>`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from devtools import checkout, releases, series, wheel
+from devtools import checkout, matrix, ports, releases, series, smoke, wheel
 from devtools.pin import PinError
 
 
@@ -21,7 +23,19 @@ def _root(args: argparse.Namespace) -> Path:
 
 
 def _layout(args: argparse.Namespace) -> series.Layout:
-    return series.Layout(_root(args), args.pin or "")
+    """The pin asked for; with --release, the release (and the pin that
+    serves it, from pins/releases)."""
+    root = _root(args)
+    if not args.release:
+        return series.Layout(root, args.pin or "")
+    found = releases.read_releases(root).get(args.release)
+    if found is None or found.how not in releases.SERVED:
+        raise series.SeriesError(
+            f"release {args.release}: {releases.RELEASES_FILE} does not map it "
+            f"as-is or adjusted to a pin (the series serve "
+            f"{', '.join(releases.supported(root))})"
+        )
+    return series.Layout(root, found.series, args.release)
 
 
 def _layouts(args: argparse.Namespace) -> list[series.Layout]:
@@ -43,7 +57,7 @@ def _layout_for_tree(args: argparse.Namespace, tree: Path) -> series.Layout:
         return series.Layout(root, found)
     release = releases.read_releases(root).get(found)
     if release is not None and release.series is not None:
-        return series.Layout(root, release.series)
+        return series.Layout(root, release.series, found)
     if release is not None:
         raise checkout.CheckoutError(
             f"{tree}: SGLang {found} found, which no series serves yet "
@@ -88,9 +102,14 @@ def cmd_overlay(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     failed = False
+    # The release map's checks (ports, the README's table); a scratch copy of
+    # one pin has no map.
+    mapped = (_root(args) / releases.RELEASES_FILE).is_file()
     for layout in _layouts(args):
         series.ensure_upstream(layout)
         problems = series.check(layout)
+        if mapped:
+            problems += ports.check_ports(layout)
         for problem in problems:
             print(f"error: {layout.version}: {problem}", file=sys.stderr)
         failed = failed or bool(problems)
@@ -99,7 +118,34 @@ def cmd_check(args: argparse.Namespace) -> int:
                 f"ok: {layout.version}: {len(layout.patches())} patches apply "
                 "cleanly; overlay and common modules match"
             )
+    for problem in matrix.check_readme(_root(args)) if mapped else []:
+        print(f"error: {problem}", file=sys.stderr)
+        failed = True
     return 1 if failed else 0
+
+
+def cmd_support_matrix(args: argparse.Namespace) -> int:
+    changed = matrix.write_readme(_root(args))
+    print(f"{matrix.README}: table of releases {'written' if changed else 'unchanged'}")
+    return 0
+
+
+def cmd_smoke_tree(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    if not layout.release:
+        raise series.SeriesError("a smoke is run for a release: RELEASE=<version>")
+    print(smoke.smoke_tree(layout))
+    return 0
+
+
+def cmd_smoke_record(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    done = smoke.record(layout.root, layout.release, Path(args.junit), args.environment)
+    matrix.write_readme(layout.root)
+    print(
+        f"{smoke.SMOKES_FILE}: {done.release} {done.result} {done.counts} {done.note}"
+    )
+    return 0 if done.result == "pass" else 1
 
 
 def cmd_wheel(args: argparse.Namespace) -> int:
@@ -113,6 +159,34 @@ def cmd_wheel(args: argparse.Namespace) -> int:
         return 1
     series.ensure_upstream(layout)
     print(wheel.build_forked_wheel(layout, Path(args.dist)))
+    return 0
+
+
+def cmd_port(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    work, stopped = ports.make_port_worktree(layout)
+    if stopped:
+        print(
+            f"{work}: stopped at {stopped} (conflict): resolve it there, `git am "
+            f"--continue` (until the series is in), then `make port-export "
+            f"RELEASE={layout.release}`",
+            file=sys.stderr,
+        )
+        return 1
+    print(
+        f"{work}: {layout.release} + its series as commits; edit, commit, then "
+        f"`make port-export RELEASE={layout.release}`"
+    )
+    return 0
+
+
+def cmd_port_export(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    written = ports.export_port(layout)
+    for path in written:
+        print(path.relative_to(layout.root))
+    if not written:
+        print(f"{layout.release}: the pin's series applies as it is; no port kept")
     return 0
 
 
@@ -157,6 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="the pin (pins/<VERSION>) to work on (default: the oldest; check: "
         "every pin; apply, revert, pr-branch: the tree's version)",
     )
+    parser.add_argument(
+        "--release",
+        metavar="VERSION",
+        help="another release a pin's series serves (pins/releases): wheel, "
+        "port and port-export work on it",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, fn, text in (
         ("upstream", cmd_upstream, "fetch, verify and unpack the pinned archive"),
@@ -165,8 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
         ("overlay", cmd_overlay, "regenerate overlay/ from pristine + series"),
         ("check", cmd_check, "fail on any drift between series and overlay"),
         ("new-releases", cmd_new_releases, "releases on the index not mapped yet"),
+        ("port", cmd_port, "build/<release>/work: a release + its series (git am -3)"),
+        ("port-export", cmd_port_export, "write a release's port from its worktree"),
+        ("smoke-tree", cmd_smoke_tree, "build/<release>/smoke: a release + its series"),
+        ("support-matrix", cmd_support_matrix, "regenerate the README's releases"),
     ):
         sub.add_parser(name, help=text).set_defaults(fn=fn)
+    p = sub.add_parser("smoke-record", help="keep a release's smoke result")
+    p.add_argument("--junit", required=True, help="pytest's JUnit XML of the smoke")
+    p.add_argument("--environment", required=True, help="where it ran, in words")
+    p.set_defaults(fn=cmd_smoke_record)
     p = sub.add_parser("wheel", help="the forked wheel of a wheel-only pin")
     p.add_argument("--dist", default="dist", help="output folder (default dist)")
     p.set_defaults(fn=cmd_wheel)

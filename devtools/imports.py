@@ -24,6 +24,12 @@ def _module_file(trees: tuple[Path, ...], module: str) -> Path | None:
     return None
 
 
+def _exists_otherwise(trees: tuple[Path, ...], module: str) -> bool:
+    """A module without a .py file: a namespace package or an extension."""
+    rel = Path("python", *module.split("."))
+    return any((base / rel).is_dir() or any(base.glob(f"{rel}.*.so")) for base in trees)
+
+
 def _is_package_member(trees: tuple[Path, ...], module: str, name: str) -> bool:
     rel = Path("python", *module.split("."))
     return any(
@@ -77,8 +83,9 @@ def unresolved_imports(
     patched: Path, pristine: Path, files: list[str]
 ) -> list[tuple[str, int, str, str]]:
     """(file, line, module, name) of each `from sglang... import name` in
-    `files` (relative to `patched`) that the patched tree, else the pristine
-    one, does not bind."""
+    `files` (relative to `patched`), at any depth (a lazy import in a function
+    too), that the patched tree, else the pristine one, does not bind; or
+    whose module neither has, unless the import is inside a `try`."""
     trees = (patched, pristine)
     cache: dict[Path, set[str] | None] = {}
     missing = []
@@ -86,6 +93,13 @@ def unresolved_imports(
         if not rel.endswith(".py") or not (patched / rel).is_file():
             continue
         tree = ast.parse((patched / rel).read_text(errors="replace"), rel)
+        guarded = {
+            id(inner)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Try)
+            for stmt in node.body
+            for inner in ast.walk(stmt)
+        }
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom) or node.level:
                 continue
@@ -94,6 +108,12 @@ def unresolved_imports(
                 continue
             source = _module_file(trees, module)
             if source is None:
+                # A module neither tree has: an error, unless the import is
+                # tried (an optional dependency) or the module is no .py file.
+                if id(node) not in guarded and not _exists_otherwise(trees, module):
+                    missing.extend(
+                        (rel, node.lineno, module, a.name) for a in node.names
+                    )
                 continue
             if source not in cache:
                 cache[source] = bound_names(source)
@@ -101,7 +121,11 @@ def unresolved_imports(
             if names is None:
                 continue
             for alias in node.names:
-                if alias.name in names or _is_package_member(trees, module, alias.name):
+                if (
+                    alias.name == "*"
+                    or alias.name in names
+                    or _is_package_member(trees, module, alias.name)
+                ):
                     continue
                 missing.append((rel, node.lineno, module, alias.name))
     return missing

@@ -101,8 +101,10 @@ def _wheel_download_args(wheel: str) -> list[str]:
     Python and platform tags, binaries only."""
     parts = wheel.removesuffix(".whl").split("-")
     python_tag, _abi, platform_tag = parts[-3:]
-    args = ["--only-binary", ":all:", "--implementation", python_tag[:2]]
-    args += ["--python-version", python_tag[2:]]
+    args = ["--only-binary", ":all:"]
+    if python_tag.startswith("py"):  # pure Python: any interpreter, any platform
+        return args
+    args += ["--implementation", python_tag[:2], "--python-version", python_tag[2:]]
     for platform in platform_tag.split("."):
         args += ["--platform", platform]
     return args

@@ -1,7 +1,8 @@
 """The release map (pins/releases): every SGLang release from the oldest pin
 on, and the series that serves it: a pin's own release, a release the pin's
-series applies to as it is, or none yet. Data, one file: no code path per
-release.
+series applies to as it is, one it applies to with recorded adjustments
+(pins/<pin>/releases/<release>/: the ports of the patches that need one), or
+none yet. Data: no code path per release.
 
 Standard library only, as the rest of devtools.
 """
@@ -14,10 +15,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools.pin import PinError
+from devtools.pin import Pin, PinError
 
 RELEASES_FILE = Path("pins") / "releases"
-HOWS = ("pin", "as-is", "none")
+HOWS = ("pin", "as-is", "adjusted", "none")
+SERVED = ("as-is", "adjusted")  # another release a pin's series serves
 
 
 @dataclass(frozen=True)
@@ -25,11 +27,20 @@ class Release:
     version: str
     series: str | None  # the pin whose series serves it
     how: str  # "pin", "as-is" or "none"
-    note: str = ""  # as-is: the wheel's sha256; none: where the series stops
+    note: str = ""  # served: "<wheel sha256> <wheel file>"; none: where it stops
 
     @property
     def wheel_sha256(self) -> str:
-        return self.note if self.how == "as-is" else ""
+        return self.note.split()[0] if self.how in SERVED else ""
+
+    @property
+    def wheel(self) -> str:
+        return self.note.split()[1] if self.how in SERVED else ""
+
+    def pin(self, name: str, series: int) -> Pin:
+        """The release as a pin of its own (its wheel, the serving pin's
+        series number): what fetching, unpacking and repacking it take."""
+        return Pin(name, self.version, "", self.wheel_sha256, series, self.wheel)
 
 
 def read_releases(root: Path) -> dict[str, Release]:
@@ -49,9 +60,11 @@ def read_releases(root: Path) -> dict[str, Release]:
         note = parts[3] if len(parts) > 3 else ""
         if (series == "-") != (how == "none"):
             raise PinError(f"{path}:{lineno}: {version}: series '-' goes with none")
-        if how == "as-is" and not re.fullmatch(r"[0-9a-f]{64}", note):
+        wheel = re.fullmatch(r"[0-9a-f]{64} (\S+\.whl)", note)
+        if how in SERVED and not (wheel and wheel.group(1).split("-")[1] == version):
             raise PinError(
-                f"{path}:{lineno}: {version}: as-is needs the wheel's sha256"
+                f"{path}:{lineno}: {version}: {how} needs the wheel's sha256 and "
+                f"file name (sglang-{version}-<tags>.whl)"
             )
         if how == "pin" and series != version:
             raise PinError(f"{path}:{lineno}: {version}: a pin serves its own release")
@@ -64,6 +77,15 @@ def read_releases(root: Path) -> dict[str, Release]:
 def served_by(root: Path, pin_version: str) -> list[str]:
     """The releases `pin_version`'s series serves (its own first)."""
     return [r.version for r in read_releases(root).values() if r.series == pin_version]
+
+
+def adjusted(root: Path, pin_version: str) -> list[str]:
+    """The releases `pin_version`'s series serves with adjustments."""
+    return [
+        r.version
+        for r in read_releases(root).values()
+        if r.series == pin_version and r.how == "adjusted"
+    ]
 
 
 def supported(root: Path) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from devtools.imports import unresolved_imports
 from devtools.pin import Pin, fetch_archive, read_pin, sha256_of, unpack_archive
+from devtools.releases import RELEASES_FILE, SERVED, Release, read_releases, served_by
 
 # Fixed so that exporting an unchanged series gives byte-identical files.
 PATCH_DATE = "Sat, 1 Jan 2000 00:00:00 +0000"
@@ -98,10 +99,16 @@ def pin_versions(root: Path) -> list[str]:
 class Layout:
     """Where things live in an rlsync checkout, for one pin: its pin file,
     series and overlay under pins/<version>/, its build products under
-    build/<version>/. Without a version: the oldest pin."""
+    build/<version>/. Without a version: the oldest pin.
+
+    With `release` (another release the pin's series serves, pins/releases):
+    that release's wheel is the pristine tree, its build products live under
+    build/<release>/, and its series is the pin's with the patches ported to
+    it (pins/<version>/releases/<release>/) in place of the pin's."""
 
     root: Path
     version: str = ""
+    release: str = ""
 
     def __post_init__(self) -> None:
         if not self.version:
@@ -115,6 +122,19 @@ class Layout:
                 f"no pin {self.version} (pins/{self.version}/upstream.pin); "
                 f"this checkout has: {known}"
             )
+        if self.release == self.version:
+            object.__setattr__(self, "release", "")
+        if self.release:
+            self._served_release()  # raises unless the map says so
+
+    def _served_release(self) -> Release:
+        found = read_releases(self.root).get(self.release)
+        if found is None or found.series != self.version or found.how not in SERVED:
+            raise SeriesError(
+                f"pins/releases does not say that {self.version}'s series serves "
+                f"{self.release}"
+            )
+        return found
 
     @property
     def pin_dir(self) -> Path:
@@ -143,7 +163,13 @@ class Layout:
 
     @property
     def build_dir(self) -> Path:
-        return self.root / "build" / self.version
+        return self.root / "build" / (self.release or self.version)
+
+    @property
+    def adjustments_dir(self) -> Path:
+        """The patches ported to `release` (their pin patch's file names) and
+        `ported-from` (the sha256 of each pin patch a port was made from)."""
+        return self.pin_dir / "releases" / self.release
 
     @property
     def upstream_dir(self) -> Path:
@@ -155,17 +181,22 @@ class Layout:
         return self.build_dir / "work"
 
     def pin(self) -> Pin:
-        """The pin, with the other releases its series serves as it is."""
-        from devtools.releases import RELEASES_FILE, served_by
-
+        """The pin, with the other releases its series serves; with
+        `release`: that release, as a pin of its own."""
         pin = read_pin(self.pin_file)
+        if self.release:
+            return self._served_release().pin(pin.name, pin.series)
         if not (self.root / RELEASES_FILE).is_file():
             return pin
         others = [v for v in served_by(self.root, pin.version) if v != pin.version]
         return dataclasses.replace(pin, serves=tuple(others))
 
     def patches(self) -> list[Path]:
-        return read_series(self.patches_dir)
+        patches = read_series(self.patches_dir)
+        if not self.release:
+            return patches
+        ported = {p.name: p for p in self.adjustments_dir.glob("*.patch")}
+        return [ported.get(p.name, p) for p in patches]
 
 
 def find_root(start: Path | None = None) -> Path:
@@ -675,6 +706,7 @@ def check(layout: Layout) -> list[str]:
                     f"{_shown(layout, layout.work_dir)} and run `make patches overlay`)\n"
                     + _first_difference(rel, expected, actual)
                 )
+        write_generated(layout, Path(tmp))
         for rel, line, module, name in unresolved_imports(
             Path(tmp), layout.upstream_dir, files
         ):
@@ -775,9 +807,9 @@ def check_library_version(layout: Layout) -> list[str]:
 # --- developer worktree ---------------------------------------------------
 
 
-def make_worktree(layout: Layout) -> Path:
+def make_worktree(layout: Layout, patches: list[Path] | None = None) -> Path:
     """build/<version>/work: a git repository at the pin, one commit per
-    patch."""
+    patch (the series', or `patches`)."""
     pristine = ensure_upstream(layout)
     work = layout.work_dir
     if work.exists():
@@ -809,7 +841,7 @@ def make_worktree(layout: Layout) -> Path:
     (work / ".git" / "info" / "exclude").write_text(
         "".join(f"/{rel}\n" for rel in generated_files(layout))
     )
-    patches = layout.patches()
+    patches = layout.patches() if patches is None else patches
     if patches:
         am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date"]
         git(work, *am, *map(str, patches), env=IDENTITY)

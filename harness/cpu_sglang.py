@@ -33,8 +33,10 @@ def sglang_version() -> str:
 
 
 def pristine_python() -> Path:
-    """The pin's pristine tree (`make upstream`), as the repository's python/."""
-    return BUILD / sglang_version() / "upstream" / "python"
+    """The pin's pristine tree (`make upstream`), as the repository's python/;
+    in a release's smoke (`make smoke RELEASE=...`), that release's."""
+    release = os.environ.get("RLSYNC_SMOKE_RELEASE") or sglang_version()
+    return BUILD / release / "upstream" / "python"
 
 
 _STUB_HEADER = """\

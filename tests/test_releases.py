@@ -6,7 +6,6 @@ saying where the nearest series stops. No server starts here."""
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import subprocess
 import sys
@@ -15,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from devtools import releases, series
+from devtools import matrix, ports, releases, series, smoke
+from devtools.pin import fetch_archive
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "build" / "releases"
-AS_IS = [r for r in releases.read_releases(ROOT).values() if r.how == "as-is"]
+SERVED = [r for r in releases.read_releases(ROOT).values() if r.how in releases.SERVED]
 
 pytestmark = pytest.mark.release_independent
 
@@ -41,21 +40,8 @@ def files_of(root: Path) -> dict[str, bytes]:
     }
 
 
-def wheel_of(release: releases.Release) -> Path:
-    """The release's wheel, fetched once into build/releases, sha256 checked."""
-    CACHE.mkdir(parents=True, exist_ok=True)
-    found = list(CACHE.glob(f"sglang-{release.version}-*.whl"))
-    if not found:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps"]
-            + [f"sglang=={release.version}", "-d", str(CACHE)],
-            check=True,
-            timeout=600,
-        )
-        found = list(CACHE.glob(f"sglang-{release.version}-*.whl"))
-    wheel = found[0]
-    assert hashlib.sha256(wheel.read_bytes()).hexdigest() == release.wheel_sha256
-    return wheel
+def layout_of(release: releases.Release) -> series.Layout:
+    return series.Layout(ROOT, release.series, release.version)
 
 
 def test_the_map_lists_every_pin_in_order():
@@ -66,8 +52,8 @@ def test_the_map_lists_every_pin_in_order():
     assert versions == sorted(versions, key=series.version_key)
     assert versions[0] == series.pin_versions(ROOT)[0]
     for release in listed.values():
-        if release.how == "as-is":
-            assert series.Layout(ROOT, release.series).pin().serves
+        if release.how in releases.SERVED:
+            assert release.version in series.Layout(ROOT, release.series).pin().serves
 
 
 def test_make_runs_the_tests_of_every_pin_and_nothing_else():
@@ -81,25 +67,29 @@ def test_make_runs_the_tests_of_every_pin_and_nothing_else():
     assert listed == series.pin_versions(ROOT)
 
 
-@pytest.mark.parametrize("release", AS_IS, ids=[r.version for r in AS_IS])
-def test_a_release_served_as_is_takes_apply_and_revert(release, tmp_path):
+@pytest.mark.parametrize("release", SERVED, ids=[r.version for r in SERVED])
+def test_a_served_release_takes_apply_and_revert_and_its_imports_resolve(
+    release, tmp_path
+):
+    """The drift check of every release a series serves, without servers: its
+    own wheel (sha256 checked) takes `make apply` and `make revert`, every
+    file its series writes compiles and every sglang import in them resolves
+    on that release."""
+    layout = layout_of(release)
     site = tmp_path / "site-packages"
-    with zipfile.ZipFile(wheel_of(release)) as wheel:
+    with zipfile.ZipFile(fetch_archive(layout.pin())) as wheel:
         wheel.extractall(site)
     before = files_of(site)
     proc = make("apply", site)
     assert proc.returncode == 0, proc.stderr
-    assert f"applied {len(series.Layout(ROOT, release.series).patches())}" in (
-        proc.stdout
-    )
+    assert f"applied {len(layout.patches())} patches" in proc.stdout
     assert (site / "sglang" / "srt" / "weight_sync" / "session_shares.py").is_file()
-    changed = [p for p, data in files_of(site).items() if before.get(p) != data]
-    for rel in changed:  # every file the series wrote compiles on the release
-        if rel.endswith(".py"):
-            compile((site / rel).read_text(), rel, "exec")
+    generated = site / "sglang" / "srt" / "weight_sync" / "_series.py"
+    assert f'"version": "{release.version}"' in generated.read_text()
     back = make("revert", site)
     assert back.returncode == 0, back.stderr
     assert files_of(site) == before
+    assert ports.check_release(layout) == []
 
 
 def test_a_release_no_series_serves_is_refused_saying_where_it_stops(
@@ -132,3 +122,113 @@ def test_a_malformed_map_is_refused_naming_the_line(tmp_path):
     )
     with pytest.raises(releases.PinError, match="releases:2: 0.5.11: as-is needs"):
         releases.read_releases(tmp_path)
+
+
+ADJUSTED = [r for r in SERVED if r.how == "adjusted"]
+
+
+def copy_of_pins(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    shutil.copytree(ROOT / "pins", root / "pins")
+    return root
+
+
+@pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
+def test_a_port_made_from_another_version_of_its_patch_is_named(tmp_path):
+    """A fix to a pin's patch must reach every port of it: `make check` names
+    each port made from the old version, and how to make it again."""
+    release = ADJUSTED[0]
+    root = copy_of_pins(tmp_path)
+    pin = series.Layout(root, release.series)
+    assert ports.check_ports(pin) == []
+    port = sorted(
+        series.Layout(root, release.series, release.version).adjustments_dir.glob(
+            "*.patch"
+        )
+    )[0]
+    fixed = pin.patches_dir / port.name
+    fixed.write_text(
+        fixed.read_text().replace("\nForwarded:", "\nA fix.\n\nForwarded:", 1)
+    )
+    [problem] = ports.check_ports(pin)
+    assert problem.startswith(
+        f"pins/{release.series}/releases/{release.version}/{port.name}: ported from "
+        f"another version of pins/{release.series}/patches/{port.name}"
+    )
+    assert f"make port RELEASE={release.version}" in problem
+
+
+@pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
+def test_ports_must_be_where_the_map_says_and_nowhere_else(tmp_path):
+    release = ADJUSTED[0]
+    root = copy_of_pins(tmp_path)
+    pin = series.Layout(root, release.series)
+    shutil.rmtree(series.Layout(root, release.series, release.version).adjustments_dir)
+    stray = pin.pin_dir / "releases" / "9.9.9"
+    stray.mkdir()
+    problems = ports.check_ports(pin)
+    assert problems == [
+        f"{stray}: pins/releases does not map 9.9.9 to {release.series} adjusted",
+        f"pins/{release.series}/releases/{release.version}: missing (pins/releases "
+        f"maps {release.version} adjusted: run `make port RELEASE={release.version}` "
+        "and `make port-export`)",
+    ]
+
+
+def test_a_smoke_result_is_kept_per_release_and_shown_in_the_table(tmp_path):
+    root = copy_of_pins(tmp_path)
+    begin, end = matrix.BEGIN, matrix.END
+    (root / "README.md").write_text(f"# x\n\n{begin}{end}\nafter\n")
+    release = SERVED[0].version
+    junit = tmp_path / "smoke.xml"
+    junit.write_text(
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="t" name="test_sync[a]"/>'
+        '<testcase classname="t" name="test_sync[b]"><failure message="x"/></testcase>'
+        '<testcase classname="t" name="test_health"/>'
+        "</testsuite></testsuites>"
+    )
+    done = smoke.record(root, release, junit, "0.5.x's test environment")
+    assert (done.result, done.counts) == ("fail", "2/3")
+    assert done.note == "in 0.5.x's test environment; failed: test_sync[b]"
+    assert matrix.check_readme(root) == [
+        "README.md: the table of releases is stale: `make support-matrix`"
+    ]
+    assert matrix.write_readme(root)
+    assert matrix.check_readme(root) == []
+    table = (root / "README.md").read_text()
+    assert f"| {release} | " in table
+    assert (
+        f"fail 2/3, {done.date}, in 0.5.x's test environment; failed: test_sync[b] |"
+        in table
+    )
+    assert table.endswith(f"{end}\nafter\n")
+    assert smoke.read_smokes(root)[release] == done
+
+
+@pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
+def test_make_wheel_takes_a_release_a_series_serves(tmp_path):
+    """`make wheel RELEASE=<release>`: the release's own wheel with its series
+    (ports included), repacked as `<release>+rlsync.<series>`."""
+    release = ADJUSTED[-1]
+    layout = layout_of(release)
+    proc = subprocess.run(
+        ["make", "-s", "wheel", f"RELEASE={release.version}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    pin = layout.pin()
+    tags = pin.wheel.removesuffix(".whl").split("-", 2)[2]
+    path = ROOT / "dist" / f"sglang-{pin.local_version}-{tags}.whl"
+    assert str(path.relative_to(ROOT)) in proc.stdout
+    built = tmp_path / "built"
+    files = series.patched_tree(layout, built)
+    with zipfile.ZipFile(path) as wheel:
+        meta = wheel.read(f"sglang-{pin.local_version}.dist-info/METADATA").decode()
+        assert f"Version: {pin.local_version}\n" in meta
+        for rel in files:
+            inner = Path(rel).relative_to("python").as_posix()
+            assert wheel.read(inner) == (built / rel).read_bytes(), inner
+        assert wheel.testzip() is None

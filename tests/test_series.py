@@ -444,6 +444,7 @@ def test_a_name_the_series_moves_away_is_caught_where_it_is_still_imported(
         (tree / pkg / "sub").mkdir(parents=True)
         (tree / pkg / "sub" / "__init__.py").write_text("")
     (pristine / pkg / "mixin.py").write_text("def content():\n    pass\n")
+    (patched / pkg / "requests.py").write_text("def content():\n    pass\n")
     (patched / pkg / "mixin.py").write_text(
         "from sglang.srt.requests import content as _content\n\nLIMIT = 1\n"
     )
@@ -452,11 +453,16 @@ def test_a_name_the_series_moves_away_is_caught_where_it_is_still_imported(
         "from sglang.srt import sub\n"
         "from sglang.srt.mixin import LIMIT\n"
         "from sglang.srt.mixin import (\n    content,\n)\n"
-        "from sglang.srt.missing_optional import anything\n"
+        "try:\n    from sglang.srt.missing_optional import anything\n"
+        "except ImportError:\n    anything = None\n"
+        "def later():\n    from sglang.srt.renamed_mixin import _Communicator\n"
     )
     files = [str(pkg / "mixin.py"), str(pkg / "engine.py")]
     assert unresolved_imports(patched, pristine, files) == [
-        (str(pkg / "engine.py"), 4, "sglang.srt.mixin", "content")
+        (str(pkg / "engine.py"), 4, "sglang.srt.mixin", "content"),
+        (str(pkg / "engine.py"), 12, "sglang.srt.renamed_mixin", "_Communicator"),
     ]
     (patched / pkg / "mixin.py").write_text("from sglang.srt.requests import *\n")
-    assert unresolved_imports(patched, pristine, files) == []
+    assert unresolved_imports(patched, pristine, files) == [
+        (str(pkg / "engine.py"), 12, "sglang.srt.renamed_mixin", "_Communicator"),
+    ]
