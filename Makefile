@@ -14,10 +14,17 @@ OTHER_RELEASE := $(filter-out $(PINS),$(RELEASE))
 SERVING  := $(if $(OTHER_RELEASE),$(shell awk '$$1 == "$(OTHER_RELEASE)" && $$3 != "none" {print $$2}' pins/releases))
 P        := $(or $(PIN),$(filter $(RELEASE),$(PINS)),$(SERVING),$(firstword $(PINS)))
 # A release's server smoke: a sync per model family against upstream's own
-# disk load, health while a trainer joins late, a trainer killed mid-transfer.
+# disk load, health while a trainer joins late, a trainer killed mid-transfer,
+# an abort in band, a dead trainer's late calls, admin-only routes, no key in
+# any answer or log line, what /rlsync_info reports.
 SMOKE_TESTS := tests/test_model_families.py::test_two_phase_sync_equals_upstream_disk_load \
         tests/test_health.py::test_late_trainer_health_stays_200_and_watchdog_quiet \
-        tests/test_two_phase.py::test_trainer_killed_mid_transfer
+        tests/test_two_phase.py::test_trainer_killed_mid_transfer \
+        tests/test_sender.py::test_trainer_exception_mid_broadcast_aborts_every_engine \
+        tests/test_session_ids.py::test_a_dead_trainers_late_calls_leave_the_new_trainers_session_alone \
+        tests/test_admin.py::test_every_admin_endpoint_needs_the_admin_key \
+        tests/test_admin.py::test_no_answer_or_log_line_carries_a_key \
+        tests/test_admin.py::test_rlsync_info_on_the_patched_server
 PIN_FILE := pins/$(P)/upstream.pin
 SERIES   := $(shell sed -n 's/^series *= *//p' $(PIN_FILE))
 VERSION  := $(shell sed -n 's/^version *= *//p' $(PIN_FILE))

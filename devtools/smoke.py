@@ -23,6 +23,7 @@ from devtools.series import (
     version_key,
     write_generated,
 )
+from devtools.wheel import version_module
 
 SMOKES_FILE = Path("pins") / "release-smokes"
 
@@ -46,6 +47,9 @@ def smoke_tree(layout: Layout) -> Path:
     shutil.copytree(pristine / "python", dest / "python", symlinks=True)
     apply_patches(dest, layout.patches())
     write_generated(layout, dest)
+    # As the forked wheel (`make wheel RELEASE=...`) has it.
+    version = dest / "python" / "sglang" / "_version.py"
+    version.write_text(version_module(layout.pin().local_version))
     return dest / "python"
 
 

@@ -26,7 +26,7 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest.decode()}"
 
 
-def _version_module(version: str) -> str:
+def version_module(version: str) -> str:
     parts = tuple(int(p) if p.isdigit() else p for p in re.split(r"[.+]", version))
     return (
         f"__version__ = version = {version!r}\n"
@@ -47,7 +47,7 @@ def series_contents(layout: Layout) -> dict[str, bytes]:
                 out[Path(rel).relative_to("python").as_posix()] = path.read_bytes()
     for rel, text in generated_files(layout).items():
         out[Path(rel).relative_to("python").as_posix()] = text.encode()
-    out["sglang/_version.py"] = _version_module(pin.local_version).encode()
+    out["sglang/_version.py"] = version_module(pin.local_version).encode()
     return out
 
 

@@ -25,9 +25,12 @@ ACTIVE_PIN = cpu_sglang.sglang_version()
 
 
 def active_pin():
-    from devtools.pin import read_pin
+    """The pin under test; in a release's smoke (`make smoke RELEASE=...`),
+    that release as its series' pin (what its /rlsync_info reports)."""
+    from devtools import series
 
-    return read_pin(ROOT / "pins" / ACTIVE_PIN / "upstream.pin")
+    release = os.environ.get("RLSYNC_SMOKE_RELEASE", "")
+    return series.Layout(ROOT, ACTIVE_PIN, release).pin()
 
 
 # --- markers: `make test-fast` runs the tests with neither `server` nor `build`
