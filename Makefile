@@ -38,9 +38,10 @@ LIB_WHEEL := dist/rlsync-$(LIB_VERSION)-py3-none-any.whl
 PYTEST_ARGS ?=
 # A later pin's run leaves out what does not depend on the pin (tooling,
 # trainer library alone, and the server tests marked release_independent,
-# whose subject is the library with a server as its counterpart): the tests
-# of the series' behaviour in a real server.
-PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent")
+# whose subject is the library with a server as its counterpart, and the
+# first_pin_only cases another case of the same test covers): the tests of
+# the series' behaviour in a real server.
+PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent and not first_pin_only")
 
 .PHONY: help upstream worktree patches overlay check new-releases port port-export smoke support-matrix \
         apply revert pr-branch \

@@ -200,6 +200,7 @@ def test_rlsync_info_on_the_patched_server(server_tp1):
         client.require_features(server_tp1.url, ["time_travel"])
 
 
+@pytest.mark.release_independent
 def test_client_fails_early_against_pristine_upstream(start_server):
     pristine = start_server(pristine=True)
     with pytest.raises(client.EngineError, match="not patched with rlsync") as err:

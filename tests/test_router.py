@@ -193,6 +193,7 @@ def test_admin_lock_bound_then_failed_init_disables_until_enabled(
     assert bad.status_code == 400 and bad.json()["message"].startswith("url: no worker")
 
 
+@pytest.mark.release_independent
 def test_worker_killed_mid_broadcast_is_marked_dead_and_reported(
     server_tp1, start_server, router_factory, model_weights
 ):

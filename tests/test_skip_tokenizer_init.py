@@ -35,7 +35,7 @@ def greedy_ids(url: str, n: int = 8) -> list[int]:
     return resp.json()["output_ids"]
 
 
-@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("tp", [pytest.param(1, marks=pytest.mark.first_pin_only), 2])
 def test_every_weight_operation_on_a_token_in_token_out_server(
     tp, start_server, model_weights
 ):
