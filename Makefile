@@ -44,6 +44,7 @@ PYTEST_ARGS ?=
 PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent and not first_pin_only")
 
 .PHONY: help upstream worktree patches overlay check new-releases port port-export smoke support-matrix \
+        check-releases \
         apply revert pr-branch \
         venv wheel install test test-pin demo rl-demo soak format clean bench-cpu \
         bench-memory
@@ -58,6 +59,7 @@ help:
 	@echo "make soak                       30 syncs with random faults into TP 1 + TP 2 under load, checked (bench/results/)"
 	@echo "make check                      fail on any drift between series, pristine, overlay and common/ (every pin)"
 	@echo "make new-releases               releases on the package index that pins/releases does not map yet"
+	@echo "make check-releases             every release a series serves: its wheel (fetched), its series applied, imports resolved"
 	@echo "make apply SGLANG_DIR=<tree>    apply the series that serves the tree's SGLang version (pins/releases): a checkout"
 	@echo "                                (local commits and edits are fine), an unpacked sdist or wheel,"
 	@echo "                                site-packages or the sglang package dir; all-or-nothing,"
@@ -91,8 +93,8 @@ new-releases:
 	@$(DEVTOOLS) new-releases
 
 port port-export:
-	@test -n "$(OTHER_RELEASE)" || { echo "error: set RELEASE=<version> (a release pins/releases maps adjusted)" >&2; exit 2; }
-	@$(DEVTOOLS) --release $(OTHER_RELEASE) $@
+	@test -n "$(RELEASE)" || { echo "error: set RELEASE=<version> (a release pins/releases maps adjusted)" >&2; exit 2; }
+	@$(DEVTOOLS) --release $(RELEASE) $@
 
 # The release's wheel + its series, run by the serving pin's test environment.
 smoke: install
@@ -103,8 +105,8 @@ smoke: install
 	  $(DEVTOOLS) --release $(OTHER_RELEASE) smoke-record --junit build/$(OTHER_RELEASE)/smoke.xml \
 	  --environment "$(P)'s test environment (torch $$($(VENV_PY) -c 'import torch; print(torch.__version__)'))"
 
-support-matrix:
-	@$(DEVTOOLS) support-matrix
+support-matrix check-releases:
+	@$(DEVTOOLS) $@
 
 apply revert pr-branch:
 	@test -n "$(SGLANG_DIR)" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }
@@ -118,6 +120,7 @@ venv:
 # pin's forked wheel is upstream's wheel repacked with the series.
 wheel:
 ifneq ($(OTHER_RELEASE),)
+	@$(DEVTOOLS) --release $(OTHER_RELEASE) check
 	@mkdir -p dist
 	@$(DEVTOOLS) --release $(OTHER_RELEASE) wheel --dist dist
 else

@@ -39,20 +39,27 @@ def _layout(args: argparse.Namespace) -> series.Layout:
 
 
 def _layouts(args: argparse.Namespace) -> list[series.Layout]:
-    """The pin asked for, or every pin."""
-    if args.pin:
-        return [_layout(args)]
+    """The pin asked for (with --release, the pin that serves it), or every
+    pin."""
+    if args.pin or args.release:
+        layout = _layout(args)
+        return [series.Layout(layout.root, layout.version)]
     root = _root(args)
     return [series.Layout(root, v) for v in series.pin_versions(root)]
 
 
 def _layout_for_tree(args: argparse.Namespace, tree: Path) -> series.Layout:
-    """The pin asked for, or the one matching the tree's SGLang version."""
-    if args.pin:
-        return _layout(args)
+    """The series that serves the tree's SGLang version (pins/releases);
+    with --pin, that pin's (for another release it serves: with its ports)."""
     root = _root(args)
     versions = series.pin_versions(root)
     found = (checkout.detect_version(tree) or "").split("+")[0]
+    if args.pin:
+        release = releases.read_releases(root).get(found)
+        served = release is not None and release.how in releases.SERVED
+        if served and release.series == args.pin:
+            return series.Layout(root, args.pin, found)
+        return _layout(args)  # check_tree names what the pin serves
     if found in versions:
         return series.Layout(root, found)
     release = releases.read_releases(root).get(found)
@@ -118,9 +125,42 @@ def cmd_check(args: argparse.Namespace) -> int:
                 f"ok: {layout.version}: {len(layout.patches())} patches apply "
                 "cleanly; overlay and common modules match"
             )
-    for problem in matrix.check_readme(_root(args)) if mapped else []:
+    root = _root(args)
+    map_problems = (
+        releases.check_map(root, series.pin_versions(root)) + matrix.check_readme(root)
+        if mapped
+        else []
+    )
+    for problem in map_problems:
         print(f"error: {problem}", file=sys.stderr)
         failed = True
+    if args.release and _layout(args).release:
+        failed = _report_release(_layout(args)) or failed
+    return 1 if failed else 0
+
+
+def _report_release(layout: series.Layout) -> bool:
+    """Apply a served release's series to its own wheel; True if it failed."""
+    problems = ports.check_release(layout)
+    for problem in problems:
+        print(f"error: {problem}", file=sys.stderr)
+    if not problems:
+        print(
+            f"ok: {layout.release}: {len(layout.patches())} patches apply to its "
+            "wheel; every file they write compiles and its sglang imports resolve"
+        )
+    return bool(problems)
+
+
+def cmd_check_releases(args: argparse.Namespace) -> int:
+    """The drift check of every release a series serves (fetches each one's
+    wheel): what tests/test_releases.py runs, from the command line."""
+    root = _root(args)
+    failed = False
+    for release in releases.read_releases(root).values():
+        if release.how in releases.SERVED:
+            layout = series.Layout(root, release.series, release.version)
+            failed = _report_release(layout) or failed
     return 1 if failed else 0
 
 
@@ -140,7 +180,7 @@ def cmd_smoke_tree(args: argparse.Namespace) -> int:
 
 def cmd_smoke_record(args: argparse.Namespace) -> int:
     layout = _layout(args)
-    done = smoke.record(layout.root, layout.release, Path(args.junit), args.environment)
+    done = smoke.record(layout, Path(args.junit), args.environment)
     matrix.write_readme(layout.root)
     print(
         f"{smoke.SMOKES_FILE}: {done.release} {done.result} {done.counts} {done.note}"
@@ -163,6 +203,15 @@ def cmd_wheel(args: argparse.Namespace) -> int:
 
 
 def cmd_port(args: argparse.Namespace) -> int:
+    if (
+        args.release
+        and not args.pin
+        and args.release in series.pin_versions(_root(args))
+    ):
+        raise series.SeriesError(
+            f"{args.release} is a pin: its series is made against it "
+            f"(`make worktree PIN={args.release}`)"
+        )
     layout = _layout(args)
     work, stopped = ports.make_port_worktree(layout)
     if stopped:
@@ -247,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("new-releases", cmd_new_releases, "releases on the index not mapped yet"),
         ("port", cmd_port, "build/<release>/work: a release + its series (git am -3)"),
         ("port-export", cmd_port_export, "write a release's port from its worktree"),
+        ("check-releases", cmd_check_releases, "apply each served release's series"),
         ("smoke-tree", cmd_smoke_tree, "build/<release>/smoke: a release + its series"),
         ("support-matrix", cmd_support_matrix, "regenerate the README's releases"),
     ):

@@ -48,12 +48,14 @@ def read_ported_from(layout: Layout) -> dict[str, str]:
     """{pin patch file name: sha256 of the pin patch the port was made from}."""
     path = layout.adjustments_dir / PORTED_FROM
     out: dict[str, str] = {}
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
+    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         parts = line.split()
         if len(parts) != 2 or not re.fullmatch(r"[0-9a-f]{64}", parts[1]):
             raise SeriesError(f"{path}:{lineno}: expected '<patch> <sha256>'")
+        if parts[0] in out:
+            raise SeriesError(f"{path}:{lineno}: {parts[0]} listed twice")
         out[parts[0]] = parts[1]
     return out
 
@@ -98,6 +100,11 @@ def check_ports(layout: Layout) -> list[str]:
                     f"pins/{layout.version}/patches/{patch.name}; make it again: "
                     f"`make port RELEASE={release}`, `make port-export RELEASE={release}`"
                 )
+        for stray in sorted(port.adjustments_dir.iterdir()):
+            if stray.name != PORTED_FROM and stray.suffix != ".patch":
+                problems.append(
+                    f"{where}/{stray.name}: neither a port nor {PORTED_FROM}"
+                )
         for name in sorted(set(made_from) - {p.name for p in patches}):
             problems.append(f"{where}/{PORTED_FROM}: names {name}, which is no port")
     return problems
@@ -130,6 +137,21 @@ def check_release(layout: Layout) -> list[str]:
     return problems
 
 
+def current_ports(layout: Layout) -> list[Path]:
+    """The release's series to port from: a port where it was made from the
+    pin patch as it is now, else the pin patch (a pin patch that changed is
+    merged into the release again, so its change reaches the port)."""
+    pin_patches = read_series(layout.patches_dir)
+    ports_dir = layout.adjustments_dir
+    made_from = read_ported_from(layout) if (ports_dir / PORTED_FROM).is_file() else {}
+    out = []
+    for patch in pin_patches:
+        port = ports_dir / patch.name
+        current = made_from.get(patch.name) == sha256_of(patch)
+        out.append(port if port.is_file() and current else patch)
+    return out
+
+
 def make_port_worktree(layout: Layout) -> tuple[Path, str]:
     """build/<release>/work: the release's pristine wheel, then its series
     (ports where there are, else the pin's patches) by `git am -3`, with the
@@ -138,7 +160,7 @@ def make_port_worktree(layout: Layout) -> tuple[Path, str]:
     if not layout.release:
         raise SeriesError("a port is made for a release: RELEASE=<version>")
     pin_work = make_worktree(Layout(layout.root, layout.version))
-    patches = layout.patches()
+    patches = current_ports(layout)
     work = make_worktree(Layout(layout.root, layout.version, layout.release), [])
     git(work, "fetch", "--quiet", str(pin_work), "rlsync:refs/pin/rlsync")
     am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date", "-3"]
@@ -165,6 +187,9 @@ def export_port(layout: Layout) -> list[Path]:
         raise SeriesError(f"{work}: no worktree; run `make port RELEASE=...` first")
     if (work / ".git" / "rebase-apply").is_dir():
         raise SeriesError(f"{work}: `git am` has not finished; resolve and continue")
+    dirty = git(work, "status", "--porcelain", "--untracked-files=no").stdout.strip()
+    if dirty:
+        raise SeriesError(f"{work}: uncommitted changes; commit them first:\n{dirty}")
     pin_patches = read_series(layout.patches_dir)
     with tempfile.TemporaryDirectory() as tmp:
         git(work, *FORMAT_PATCH, "--output-directory", tmp, "upstream..HEAD")

@@ -60,8 +60,15 @@ def read_releases(root: Path) -> dict[str, Release]:
         note = parts[3] if len(parts) > 3 else ""
         if (series == "-") != (how == "none"):
             raise PinError(f"{path}:{lineno}: {version}: series '-' goes with none")
-        wheel = re.fullmatch(r"[0-9a-f]{64} (\S+\.whl)", note)
-        if how in SERVED and not (wheel and wheel.group(1).split("-")[1] == version):
+        wheel = re.fullmatch(
+            rf"[0-9a-f]{{64}} sglang-{re.escape(version)}-[^-\s]+-[^-\s]+-[^-\s]+\.whl",
+            note,
+        )
+        if series != "-" and not (root / "pins" / series / "upstream.pin").is_file():
+            raise PinError(
+                f"{path}:{lineno}: {version}: no pin {series} (pins/{series}/upstream.pin)"
+            )
+        if how in SERVED and not wheel:
             raise PinError(
                 f"{path}:{lineno}: {version}: {how} needs the wheel's sha256 and "
                 f"file name (sglang-{version}-<tags>.whl)"
@@ -72,6 +79,17 @@ def read_releases(root: Path) -> dict[str, Release]:
             raise PinError(f"{path}:{lineno}: {version} listed twice")
         out[version] = Release(version, None if series == "-" else series, how, note)
     return out
+
+
+def check_map(root: Path, pins: list[str]) -> list[str]:
+    """Every pin is listed as one, and nothing else is."""
+    listed = read_releases(root)
+    problems = [
+        f"{RELEASES_FILE}: pin {v} is not listed as a pin"
+        for v in pins
+        if v not in listed or listed[v].how != "pin"
+    ]
+    return problems
 
 
 def served_by(root: Path, pin_version: str) -> list[str]:

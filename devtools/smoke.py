@@ -11,6 +11,7 @@ Standard library only, as the rest of devtools.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import shutil
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from devtools.series import (
     Layout,
+    SeriesError,
     apply_patches,
     ensure_upstream,
     version_key,
@@ -34,7 +36,16 @@ class Smoke:
     date: str
     result: str  # "pass" or "fail"
     counts: str  # "<passed>/<run>"
+    series: str  # series_digest of the series it ran
     note: str  # the environment it ran in, what failed
+
+
+def series_digest(layout: Layout) -> str:
+    """What a smoke ran: the release's series (ports included), by content."""
+    digest = hashlib.sha256()
+    for patch in layout.patches():
+        digest.update(patch.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def smoke_tree(layout: Layout) -> Path:
@@ -56,15 +67,25 @@ def smoke_tree(layout: Layout) -> Path:
 def read_smokes(root: Path) -> dict[str, Smoke]:
     path = root / SMOKES_FILE
     out: dict[str, Smoke] = {}
-    for line in path.read_text().splitlines() if path.is_file() else []:
+    text = path.read_text(errors="replace") if path.is_file() else ""
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
-        release, date, result, counts, note = (line.split(None, 4) + [""])[:5]
-        out[release] = Smoke(release, date, result, counts, note)
+        parts = line.split(None, 5)
+        if len(parts) < 5 or parts[2] not in ("pass", "fail"):
+            raise SeriesError(
+                f"{path}:{lineno}: expected 'release date pass|fail passed/run "
+                f"series=<digest> note', got {line!r}"
+            )
+        release, date, result, counts, series = parts[:5]
+        note = parts[5] if len(parts) > 5 else ""
+        out[release] = Smoke(
+            release, date, result, counts, series.removeprefix("series="), note
+        )
     return out
 
 
-def record(root: Path, release: str, junit: Path, environment: str) -> Smoke:
+def record(layout: Layout, junit: Path, environment: str) -> Smoke:
     """Keep the smoke's outcome (pytest's JUnit XML) as the release's line."""
     suite = ElementTree.parse(junit).getroot()
     cases = suite.iter("testcase")
@@ -79,20 +100,24 @@ def record(root: Path, release: str, junit: Path, environment: str) -> Smoke:
     result = "pass" if run and not failed and not skipped else "fail"
     note = f"in {environment}"
     if failed:
-        note += f"; failed: {', '.join(failed)}"
+        more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+        note += f"; failed: {', '.join(failed[:3])}{more}"
     if skipped:
         note += f"; {skipped} skipped"
+    root, release = layout.root, layout.release
+    today = datetime.date.today().isoformat()
     smoke = Smoke(
-        release, datetime.date.today().isoformat(), result, f"{passed}/{run}", note
+        release, today, result, f"{passed}/{run}", series_digest(layout), note
     )
     smokes = read_smokes(root)
     smokes[release] = smoke
     header = (
         "# `make smoke RELEASE=<release>` keeps one line per release:\n"
-        "# release  date  pass|fail  passed/run  where it ran, what failed\n"
+        "# release  date  pass|fail  passed/run  series=<its content>  where it "
+        "ran, what failed\n"
     )
     lines = [
-        f"{s.release} {s.date} {s.result} {s.counts} {s.note}\n"
+        f"{s.release} {s.date} {s.result} {s.counts} series={s.series} {s.note}\n"
         for s in sorted(smokes.values(), key=lambda s: version_key(s.release))
     ]
     (root / SMOKES_FILE).write_text(header + "".join(lines))

@@ -154,6 +154,9 @@ def server_env(stub_dir: Path, ranks: int, pristine: bool = False) -> dict[str, 
         # A developer's tree (e.g. build/0.5.10/work/python) shadows the installed
         # wheel: try a change to the series before rebuilding the wheel.
         env["PYTHONPATH"] = str(Path(env["RLSYNC_SGLANG_TREE"]).resolve())
+        if env.get("RLSYNC_SMOKE_RELEASE"):
+            shims = Path(__file__).resolve().parent / "smoke_shims"
+            env["PYTHONPATH"] += os.pathsep + str(shims)
     else:
         env.pop("PYTHONPATH", None)
     return env

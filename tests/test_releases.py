@@ -6,6 +6,7 @@ saying where the nearest series stops. No server starts here."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -115,13 +116,69 @@ def test_a_release_no_series_serves_is_refused_saying_where_it_stops(
     assert files_of(site) == before
 
 
-def test_a_malformed_map_is_refused_naming_the_line(tmp_path):
-    (tmp_path / "pins").mkdir()
-    (tmp_path / releases.RELEASES_FILE).write_text(
-        "0.5.10 0.5.10 pin\n0.5.11 0.5.10 as-is not-a-sha\n"
-    )
-    with pytest.raises(releases.PinError, match="releases:2: 0.5.11: as-is needs"):
+SHA = "0" * 64
+
+
+@pytest.mark.parametrize(
+    "line,error",
+    [
+        (f"0.5.11 0.5.10 as-is not-a-sha", "0.5.11: as-is needs the wheel's sha256"),
+        (f"0.5.11 0.5.10 as-is {SHA}", "0.5.11: as-is needs the wheel's sha256"),
+        (
+            f"0.5.11 0.5.10 adjusted {SHA} sglang-0.5.12-py3-none-any.whl",
+            "0.5.11: adjusted needs the wheel's sha256 and file name",
+        ),
+        (
+            f"0.5.11 0.5.10 as-is {SHA} sglang-0.5.11-x.whl",
+            "0.5.11: as-is needs the wheel's sha256 and file name",
+        ),
+        (
+            f"0.5.11 0.5.99 as-is {SHA} sglang-0.5.11-py3-none-any.whl",
+            "0.5.11: no pin 0.5.99",
+        ),
+        ("0.5.17 0.5.17 pin", "0.5.17: no pin 0.5.17"),
+        ("0.5.11 - adjusted x", "0.5.11: series '-' goes with none"),
+        ("0.5.10 0.5.10 pin", "0.5.10 listed twice"),
+    ],
+)
+def test_a_malformed_map_is_refused_naming_the_line(tmp_path, line, error):
+    (tmp_path / "pins" / "0.5.10").mkdir(parents=True)
+    (tmp_path / "pins" / "0.5.10" / "upstream.pin").write_text("")
+    (tmp_path / releases.RELEASES_FILE).write_text(f"0.5.10 0.5.10 pin\n{line}\n")
+    with pytest.raises(releases.PinError, match=re.escape(f"releases:2: {error}")):
         releases.read_releases(tmp_path)
+
+
+def test_every_pin_is_in_the_map_as_one(tmp_path):
+    root = copy_of_pins(tmp_path)
+    text = (root / releases.RELEASES_FILE).read_text()
+    (root / releases.RELEASES_FILE).write_text(
+        "\n".join(l for l in text.splitlines() if not l.startswith("0.5.23 "))
+    )
+    assert releases.check_map(root, series.pin_versions(root)) == [
+        f"{releases.RELEASES_FILE}: pin 0.5.23 is not listed as a pin"
+    ]
+
+
+def test_apply_with_a_pin_named_takes_the_ports_of_the_release(tmp_path):
+    """`make apply PIN=<pin>` on a tree of another release that pin serves
+    takes that release's series (its ports), as without PIN."""
+    from devtools.__main__ import _layout_for_tree, build_parser
+
+    for release in SERVED:
+        tree = tmp_path / release.version
+        info = tree / f"sglang-{release.version}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Name: sglang\nVersion: {release.version}\n")
+        (tree / "sglang" / "srt").mkdir(parents=True)
+        (tree / "sglang" / "__init__.py").write_text("")
+        for pin in (None, release.series):
+            args = build_parser().parse_args(
+                [*(["--pin", pin] if pin else []), "apply", str(tree)]
+            )
+            layout = _layout_for_tree(args, tree)
+            assert (layout.version, layout.release) == (release.series, release.version)
+            assert layout.patches() == layout_of(release).patches()
 
 
 ADJUSTED = [r for r in SERVED if r.how == "adjusted"]
@@ -188,7 +245,8 @@ def test_a_smoke_result_is_kept_per_release_and_shown_in_the_table(tmp_path):
         '<testcase classname="t" name="test_health"/>'
         "</testsuite></testsuites>"
     )
-    done = smoke.record(root, release, junit, "0.5.x's test environment")
+    ran = series.Layout(root, SERVED[0].series, release)
+    done = smoke.record(ran, junit, "0.5.x's test environment")
     assert (done.result, done.counts) == ("fail", "2/3")
     assert done.note == "in 0.5.x's test environment; failed: test_sync[b]"
     assert matrix.check_readme(root) == [
@@ -204,6 +262,40 @@ def test_a_smoke_result_is_kept_per_release_and_shown_in_the_table(tmp_path):
     )
     assert table.endswith(f"{end}\nafter\n")
     assert smoke.read_smokes(root)[release] == done
+    # A smoke says what it ran: once the series changes, the table says so.
+    patch = ran.patches()[0]
+    patch.write_text(patch.read_text() + "\n")
+    matrix.write_readme(root)
+    assert (
+        f"| stale: the series changed since (fail 2/3, {done.date}"
+        in (root / "README.md").read_text()
+    )
+    # A smoke of a release no series serves, a second table: named.
+    none = next(r for r in releases.read_releases(root).values() if r.how == "none")
+    with open(root / smoke.SMOKES_FILE, "a") as f:
+        f.write(f"{none.version} 2026-01-01 pass 8/8 series=abc in x\n")
+    (root / "README.md").write_text((root / "README.md").read_text() + begin + end)
+    assert matrix.check_readme(root) == [
+        f"{smoke.SMOKES_FILE}: {none.version} is no release a series serves",
+        "README.md: one generated table of releases, not several",
+    ]
+
+
+def test_a_port_is_made_again_from_a_pin_patch_that_changed(tmp_path):
+    """`make port` merges a changed pin patch into the release again (its
+    port was made from the old one), and keeps the ports still current."""
+    release = ADJUSTED[0]
+    root = copy_of_pins(tmp_path)
+    layout = series.Layout(root, release.series, release.version)
+    ported = sorted(layout.adjustments_dir.glob("*.patch"))
+    assert ports.current_ports(layout) == layout.patches()
+    fixed = layout.patches_dir / ported[0].name
+    fixed.write_text(
+        fixed.read_text().replace("\nForwarded:", "\nA fix.\n\nForwarded:", 1)
+    )
+    current = ports.current_ports(layout)
+    assert fixed in current and ported[0] not in current
+    assert [p for p in ported[1:] if p not in current] == []
 
 
 @pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
