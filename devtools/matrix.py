@@ -32,8 +32,10 @@ def release_table(root: Path) -> str:
         "|---|---|---|\n",
     ]
     for release in read_releases(root).values():
-        ports_dir = root / "pins" / str(release.series) / "releases" / release.version
-        ports = len(list(ports_dir.glob("*.patch")))
+        ports = 0
+        if release.how == "adjusted":
+            served = Layout(root, str(release.series), release.version)
+            ports = len(list(served.adjustments_dir.glob("*.patch")))
         how = HOW[release.how].format(
             series=release.series,
             release=release.version,
