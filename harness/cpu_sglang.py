@@ -101,25 +101,41 @@ def _ephemeral_ports() -> range:
         return range(32768, 61000)
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
     """A port nothing is bound to now, picked at random below the kernel's
     ephemeral range: the outgoing connections of every process (to servers,
     gloo stores) take their ports from that range, so they cannot take this
-    one between its pick and its bind. Another free_port() caller still can:
-    whoever binds it retries on "address already in use" (launch, RouterProc)."""
+    one between its pick and its bind. Never one this process handed out
+    before (a test that picks a group's port and a store's port before
+    either binds would otherwise get the same one twice now and then).
+    Another process's free_port() still can: whoever binds it retries on
+    "address already in use" (launch, RouterProc)."""
     below = _ephemeral_ports().start
     rng = random.SystemRandom()
     for _ in range(100 if below > 11000 else 0):
         port = rng.randrange(10000, below)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+        if port not in _handed_out and _bindable(port):
+            _handed_out.add(port)
             return port
-    with socket.socket() as s:  # the low range is crowded: any free port
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    while True:  # the low range is crowded: any free port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def server_env(stub_dir: Path, ranks: int, pristine: bool = False) -> dict[str, str]:

@@ -73,7 +73,11 @@ def stage_main(
         bucket_bytes=BUCKET_BYTES,
         timeout=60,
     )
-    sender.connect()
+    try:
+        sender.connect()
+    except SyncError as e:  # said at once, not by the test's deadline
+        out.put((rank, "error", (e.step, str(e), e.group_usable)))
+        return
     out.put((rank, "connected", None))
 
     def die(sent: int, total: int, nbytes: int) -> None:
@@ -345,3 +349,58 @@ def test_an_abort_naming_a_group_of_no_share_changes_nothing(server_tp1, two_gro
         url, group_name=two_groups[1], session_id=answer.session_id
     )
     assert done.session_id == answer.session_id
+
+
+def lone_stage(rank: int, coord_port: int, out: Any) -> None:
+    """Stage 0 calls sync(); stage 1 joins the coordination and leaves."""
+    import torch.distributed as dist
+
+    from rlsync.sender import SyncError
+    from rlsync.stages import StageSender
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{coord_port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=10),
+    )
+    if rank == 1:
+        return
+    sender = StageSender(
+        [Engine("http://127.0.0.1:9", 1)],
+        coordination=dist.group.WORLD,
+        group_name="stage0",
+        master_port=free_port(),
+        backend="gloo",
+    )
+    try:
+        sender.sync([("w", torch.zeros(4))], atomic=True)
+        out.put(("returned", None))
+    except SyncError as e:
+        out.put(("SyncError", (e.step, e.message)))
+    except BaseException as e:
+        out.put((type(e).__name__, str(e)))
+
+
+def test_a_stage_that_never_calls_sync_is_a_sync_error_for_the_others():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    coord = free_port()
+    procs = [
+        ctx.Process(target=lone_stage, args=(k, coord, out), daemon=True)
+        for k in range(2)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        what, detail = out.get(timeout=DEADLINE)
+    finally:
+        for p in procs:
+            p.join(DEADLINE)
+            if p.is_alive():
+                p.kill()
+    assert what == "SyncError", (what, detail)
+    step, message = detail
+    assert step == "prepare" and "the stages lost each other" in message
+    assert "nothing was sent" in message

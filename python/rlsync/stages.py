@@ -16,9 +16,9 @@ every stage's group and buckets), then completes or aborts it. `sync()` is a
 collective over `coordination`: every stage calls it with its own tensors,
 and every stage returns the same `SyncResult` or raises the same
 `SyncError`. A stage that fails while alive aborts in band on its group;
-a stage that dies leaves the others' collective on `coordination` to fail
-(its timeout), and the engines keep the old weights until the session is
-aborted.
+a stage that dies (or never calls `sync()`) leaves the others' collective
+on `coordination` to fail at its timeout, as a `SyncError`, and the engines
+keep the old weights until the session is aborted.
 
     coordination = dist.new_group(stage_senders, backend="gloo")
     sender = StageSender(engines, coordination=coordination,
@@ -109,7 +109,14 @@ class StageSender(WeightSender):
             }
         except Exception as e:
             problem = f"stage {self.stage}: {type(e).__name__}: {e}"
-        shares = self._gather({"share": share, "problem": problem})
+        try:
+            shares = self._gather({"share": share, "problem": problem})
+        except Exception as e:  # a stage died, or never called sync
+            raise SyncError(
+                "prepare",
+                f"the stages lost each other before the update "
+                f"({type(e).__name__}: {e}); nothing was sent",
+            ) from e
         names = [s["share"]["group_name"] for s in shares if s["share"]]
         problems = [s["problem"] for s in shares if s["problem"]]
         if len(set(names)) != len(names):
@@ -121,7 +128,16 @@ class StageSender(WeightSender):
             decision = self._prepare_every_engine(
                 [s["share"] for s in shares], weight_version
             )
-        decision = self._from_coordinator(decision)
+        try:
+            decision = self._from_coordinator(decision)
+        except Exception as e:  # the coordinator died while it prepared
+            raise SyncError(
+                "prepare",
+                f"the coordinator was lost while it opened the session "
+                f"({type(e).__name__}: {e}); nothing was sent; the engines keep "
+                f"the old weights, and a session it opened holds until aborted",
+                group_usable=False,
+            ) from e
         self.session_id = decision["session_id"]
         framing = None
         if decision["framed"]:
@@ -171,7 +187,15 @@ class StageSender(WeightSender):
                 flush_cache=flush_cache,
                 apply=apply,
             )
-        outcome = self._from_coordinator(outcome)
+        try:
+            outcome = self._from_coordinator(outcome)
+        except Exception as e:  # the coordinator died while it ended the session
+            raise SyncError(
+                "apply",
+                f"the coordinator was lost before it said how the update ended "
+                f"({type(e).__name__}: {e}); ask the engines' weight version",
+                group_usable=False,
+            ) from e
         if "error" in outcome:
             step, message, result, usable = outcome["error"]
             raise SyncError(step, message, result, group_usable=usable)
