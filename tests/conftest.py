@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
+import json
 import os
 import re
 import warnings
@@ -37,7 +38,13 @@ def active_pin():
 
 # Fixtures that start a real SGLang server; a test that uses one, directly or
 # through another fixture, is marked `server`.
-SERVER_FIXTURES = {"server_tp1", "server_tp2", "keyed_server", "start_server"}
+SERVER_FIXTURES = {
+    "server_tp1",
+    "server_tp2",
+    "server_tp1_replica",
+    "keyed_server",
+    "start_server",
+}
 # Code that starts a server itself: a fixture, a test, or a helper of a test
 # module whose source matches makes those tests `server` tests.
 STARTS_A_SERVER = re.compile(
@@ -224,9 +231,9 @@ SESSION_ARGS = [
 ]
 
 
-def _session_server(request, tiny_model, tp):
+def _session_server(request, tiny_model, tp, name=None):
     server = _start(
-        request, tiny_model, tp, False, SESSION_ARGS, name=f"session-tp{tp}"
+        request, tiny_model, tp, False, SESSION_ARGS, name=name or f"session-tp{tp}"
     )
     request.addfinalizer(server.stop)
     # What shared_server_guard compares against after each test.
@@ -243,6 +250,12 @@ def server_tp1(request, tiny_model):
 @pytest.fixture(scope="session")
 def server_tp2(request, tiny_model):
     return _session_server(request, tiny_model, 2)
+
+
+@pytest.fixture(scope="session")
+def server_tp1_replica(request, tiny_model):
+    """A second shared TP 1 server: the other replica where a test needs two."""
+    return _session_server(request, tiny_model, 1, "session-tp1-replica")
 
 
 # Keys of keyed_server: its admin key and its ordinary --api-key, and the
@@ -269,7 +282,7 @@ def keyed_server(request, tiny_model):
     return server
 
 
-SHARED_SERVERS = ("server_tp1", "server_tp2")
+SHARED_SERVERS = ("server_tp1", "server_tp2", "server_tp1_replica")
 # The checksum each shared server had when it started, by URL.
 _BASELINE: dict[str, str] = {}
 # An update group no test uses: an abort for it names the open session's group.
@@ -311,6 +324,23 @@ def _repair(server: cpu_sglang.Server, tiny_model: Path) -> list[str]:
         if _checksum(server) != _BASELINE[server.url]:
             problems.append("reloading the checkpoint did not restore its checksum")
     return [f"{server.url}: {p}" for p in problems]
+
+
+# What each test of the last run took (setup, call and teardown), slowest
+# first, for trimming the suite: build/durations/<pin>.json.
+_DURATIONS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    _DURATIONS[report.nodeid] = _DURATIONS.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    if _DURATIONS:
+        out = BUILD / "durations" / f"{ACTIVE_PIN}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        slowest = sorted(_DURATIONS.items(), key=lambda item: -item[1])
+        out.write_text(json.dumps({k: round(v, 2) for k, v in slowest}, indent=1))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -14,9 +14,9 @@ from rlsync import client
 
 
 def test_replicas_agree_differ_after_one_update_agree_after_both(
-    server_tp1, start_server, model_weights
+    server_tp1, server_tp1_replica, model_weights
 ):
-    a, b = server_tp1.url, start_server(tp=1).url
+    a, b = server_tp1.url, server_tp1_replica.url
     first = client.weights_checksum(a)
     assert first["checksum"] == client.weights_checksum(a)["checksum"], "stable"
     assert first["checksum"].startswith("sha256:") and len(first["checksum"]) == 71

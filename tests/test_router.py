@@ -59,9 +59,9 @@ def generate(url: str) -> requests.Response:
 
 
 def test_sync_through_router_reaches_both_and_generation_avoids_the_apply(
-    server_tp1, start_server, router_factory, model_weights
+    server_tp1, server_tp1_replica, router_factory, model_weights
 ):
-    a, b = server_tp1.url, start_server(tp=1).url
+    a, b = server_tp1.url, server_tp1_replica.url
     router = router_factory([a, b])
     before = greedy(a, "Fleet")
     checksum_before = client.weights_checksum(a)["checksum"]
