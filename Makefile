@@ -67,6 +67,7 @@ help:
 	@echo "make revert SGLANG_DIR=<tree>   remove it again (after a plain or 3-way apply)"
 	@echo "make wheel RELEASE=<version>    the forked wheel of a release a pin's series serves (pins/releases)"
 	@echo "make port RELEASE=<version>     build/<release>/work: the release + its series by git am -3 (resolve, continue)"
+	@echo "  [FROM=<release>]                starting from a nearer release's ports where it has none"
 	@echo "make port-export RELEASE=<v>    keep the patches that differ from the pin's as its port (pins/<pin>/releases/<v>/)"
 	@echo "make smoke RELEASE=<version>    the release's server smoke in its pin's environment; kept in pins/release-smokes"
 	@echo "make support-matrix             regenerate README's table of releases (pins/releases, pins/release-smokes)"
@@ -94,7 +95,7 @@ new-releases:
 
 port port-export:
 	@test -n "$(RELEASE)" || { echo "error: set RELEASE=<version> (a release pins/releases maps adjusted)" >&2; exit 2; }
-	@$(DEVTOOLS) --release $(RELEASE) $@
+	@$(DEVTOOLS) --release $(RELEASE) $@ $(if $(and $(filter port,$@),$(FROM)),--from $(FROM))
 
 # The release's wheel + its series, run by the serving pin's test environment.
 smoke: install

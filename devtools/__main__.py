@@ -213,7 +213,16 @@ def cmd_port(args: argparse.Namespace) -> int:
             f"(`make worktree PIN={args.release}`)"
         )
     layout = _layout(args)
-    work, stopped = ports.make_port_worktree(layout)
+    start = None
+    if args.start_from:
+        found = releases.read_releases(_root(args)).get(args.start_from)
+        if found is None or found.how not in releases.SERVED:
+            raise series.SeriesError(
+                f"FROM={args.start_from}: {releases.RELEASES_FILE} does not map it "
+                f"as served (as-is or adjusted)"
+            )
+        start = series.Layout(_root(args), found.series, args.start_from)
+    work, stopped = ports.make_port_worktree(layout, start)
     if stopped:
         print(
             f"{work}: stopped at {stopped} (conflict): resolve it there, `git am "
@@ -294,13 +303,23 @@ def build_parser() -> argparse.ArgumentParser:
         ("overlay", cmd_overlay, "regenerate overlay/ from pristine + series"),
         ("check", cmd_check, "fail on any drift between series and overlay"),
         ("new-releases", cmd_new_releases, "releases on the index not mapped yet"),
-        ("port", cmd_port, "build/<release>/work: a release + its series (git am -3)"),
         ("port-export", cmd_port_export, "write a release's port from its worktree"),
         ("check-releases", cmd_check_releases, "apply each served release's series"),
         ("smoke-tree", cmd_smoke_tree, "build/<release>/smoke: a release + its series"),
         ("support-matrix", cmd_support_matrix, "regenerate the README's releases"),
     ):
         sub.add_parser(name, help=text).set_defaults(fn=fn)
+    p = sub.add_parser(
+        "port", help="build/<release>/work: a release + its series (git am -3)"
+    )
+    p.add_argument(
+        "--from",
+        dest="start_from",
+        metavar="RELEASE",
+        help="take the ports of this nearer release the same pin serves where "
+        "the release has none (its `make port` worktree gives the merge bases)",
+    )
+    p.set_defaults(fn=cmd_port)
     p = sub.add_parser("smoke-record", help="keep a release's smoke result")
     p.add_argument("--junit", required=True, help="pytest's JUnit XML of the smoke")
     p.add_argument("--environment", required=True, help="where it ran, in words")

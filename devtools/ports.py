@@ -22,6 +22,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 from devtools.imports import unresolved_imports
 from devtools.pin import sha256_of
@@ -137,32 +138,51 @@ def check_release(layout: Layout) -> list[str]:
     return problems
 
 
-def current_ports(layout: Layout) -> list[Path]:
+def current_ports(layout: Layout, start: Optional[Layout] = None) -> list[Path]:
     """The release's series to port from: a port where it was made from the
-    pin patch as it is now, else the pin patch (a pin patch that changed is
-    merged into the release again, so its change reaches the port)."""
-    pin_patches = read_series(layout.patches_dir)
-    ports_dir = layout.adjustments_dir
-    made_from = read_ported_from(layout) if (ports_dir / PORTED_FROM).is_file() else {}
+    pin patch as it is now, else (with `start`, a nearer release of the same
+    pin) that release's current port, else the pin patch (a pin patch that
+    changed is merged into the release again, so its change reaches the port)."""
+    sources = [where for where in (layout, start) if where is not None]
+    made_from = [
+        (
+            read_ported_from(where)
+            if (where.adjustments_dir / PORTED_FROM).is_file()
+            else {}
+        )
+        for where in sources
+    ]
     out = []
-    for patch in pin_patches:
-        port = ports_dir / patch.name
-        current = made_from.get(patch.name) == sha256_of(patch)
-        out.append(port if port.is_file() and current else patch)
+    for patch in read_series(layout.patches_dir):
+        out.append(patch)
+        for where, made in zip(sources, made_from):
+            port = where.adjustments_dir / patch.name
+            if port.is_file() and made.get(patch.name) == sha256_of(patch):
+                out[-1] = port
+                break
     return out
 
 
-def make_port_worktree(layout: Layout) -> tuple[Path, str]:
+def make_port_worktree(
+    layout: Layout, start: Optional[Layout] = None
+) -> tuple[Path, str]:
     """build/<release>/work: the release's pristine wheel, then its series
     (ports where there are, else the pin's patches) by `git am -3`, with the
     pin's worktree fetched so that a patch made against the pin can merge.
+    `start`: a nearer release the pin's series serves whose ports to take
+    where this release has none (its worktree, from `make port`, is fetched
+    too, for their merge bases).
     Returns the worktree and "" or the name of the patch it stopped at."""
     if not layout.release:
         raise SeriesError("a port is made for a release: RELEASE=<version>")
     pin_work = make_worktree(Layout(layout.root, layout.version))
-    patches = current_ports(layout)
+    if start is not None:
+        _check_start(layout, start)
+    patches = current_ports(layout, start)
     work = make_worktree(Layout(layout.root, layout.version, layout.release), [])
     git(work, "fetch", "--quiet", str(pin_work), "rlsync:refs/pin/rlsync")
+    if start is not None:
+        git(work, "fetch", "--quiet", str(start.work_dir), "rlsync:refs/from/rlsync")
     am = ["am", "--quiet", "--keep-cr", "--committer-date-is-author-date", "-3"]
     proc = git(work, *am, *map(str, patches), env=IDENTITY, check=False)
     write_generated(layout, work)
@@ -170,6 +190,27 @@ def make_port_worktree(layout: Layout) -> tuple[Path, str]:
         return work, ""
     applied = int(git(work, "rev-list", "--count", "upstream..HEAD").stdout)
     return work, patches[applied].name
+
+
+def _check_start(layout: Layout, start: Layout) -> None:
+    """`start` is another release of the same pin with a finished worktree."""
+    if start.version != layout.version or not start.release:
+        raise SeriesError(
+            f"FROM={start.release or start.version}: not a release that "
+            f"{layout.version}'s series serves"
+        )
+    if start.release == layout.release:
+        raise SeriesError(f"FROM={start.release}: the release being ported")
+    work = start.work_dir
+    made = (work / ".git").is_dir() and not (work / ".git" / "rebase-apply").is_dir()
+    if made:
+        count = git(work, "rev-list", "--count", "upstream..rlsync", check=False)
+        made = count.returncode == 0 and int(count.stdout) == len(start.patches())
+    if not made:
+        raise SeriesError(
+            f"{work}: no finished port worktree of {start.release} to start from; "
+            f"run `make port RELEASE={start.release}` first"
+        )
 
 
 def _diff_body(text: str) -> str:

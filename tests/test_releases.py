@@ -207,7 +207,9 @@ def test_a_port_made_from_another_version_of_its_patch_is_named(tmp_path):
     fixed.write_text(
         fixed.read_text().replace("\nForwarded:", "\nA fix.\n\nForwarded:", 1)
     )
-    [problem] = ports.check_ports(pin)
+    problems = ports.check_ports(pin)
+    assert all("ported from another version of" in p for p in problems), problems
+    [problem] = [p for p in problems if f"/releases/{release.version}/" in p]
     assert problem.startswith(
         f"pins/{release.series}/releases/{release.version}/{port.name}: ported from "
         f"another version of pins/{release.series}/patches/{port.name}"
@@ -324,3 +326,39 @@ def test_make_wheel_takes_a_release_a_series_serves(tmp_path):
             inner = Path(rel).relative_to("python").as_posix()
             assert wheel.read(inner) == (built / rel).read_bytes(), inner
         assert wheel.testzip() is None
+
+
+def test_a_port_started_from_a_nearer_release_takes_its_ports_where_it_has_none(
+    tmp_path,
+):
+    """`make port RELEASE=<r> FROM=<nearer>`: the release's own current
+    ports first, then the nearer release's, then the pin's patches; FROM must
+    be another release of the same pin with a finished port worktree."""
+    same_pin = [r for r in ADJUSTED if r.series == ADJUSTED[0].series]
+    if len(same_pin) < 2:
+        pytest.skip("fewer than two releases of one pin are served with ports")
+    root = copy_of_pins(tmp_path)
+    near, far = (series.Layout(root, r.series, r.version) for r in same_pin[:2])
+    own = sorted(far.adjustments_dir.glob("*.patch"))
+    kept = own[0].read_text()
+    shutil.rmtree(far.adjustments_dir)
+    assert ports.current_ports(far, near) == near.patches()
+    far.adjustments_dir.mkdir(parents=True)
+    (far.adjustments_dir / own[0].name).write_text(kept)
+    pin_patch = far.patches_dir / own[0].name
+    (far.adjustments_dir / ports.PORTED_FROM).write_text(
+        f"{own[0].name} {ports.sha256_of(pin_patch)}\n"
+    )
+    expected = [
+        far.adjustments_dir / p.name if p.name == own[0].name else p
+        for p in near.patches()
+    ]
+    assert ports.current_ports(far, near) == expected
+    with pytest.raises(series.SeriesError, match="the release being ported"):
+        ports.make_port_worktree(far, far)
+    with pytest.raises(series.SeriesError, match="not a release that"):
+        ports.make_port_worktree(far, series.Layout(root, far.version))
+    with pytest.raises(
+        series.SeriesError, match=f"run `make port RELEASE={near.release}` first"
+    ):
+        ports._check_start(far, near)
