@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from devtools.imports import unresolved_imports
+from devtools.names import unbound_globals
 from devtools.pin import sha256_of
 from devtools.releases import adjusted
 from devtools.series import (
@@ -114,7 +115,9 @@ def check_ports(layout: Layout) -> list[str]:
 def check_release(layout: Layout) -> list[str]:
     """A served release's drift check, without servers: its series applies
     to its pristine wheel (fetched, sha256 checked), every file it writes
-    compiles, and every `from sglang... import` in them resolves."""
+    compiles and looks up no global its module does not bind (that the
+    pristine file binds), and every `from sglang... import` in them
+    resolves."""
     pristine = ensure_upstream(layout)
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -127,9 +130,18 @@ def check_release(layout: Layout) -> list[str]:
             path = Path(tmp) / rel
             if rel.endswith(".py") and path.is_file():
                 try:
-                    compile(path.read_text(), rel, "exec")
+                    unbound = unbound_globals(path.read_text(), rel)
                 except SyntaxError as e:
                     problems.append(f"{layout.release}: {rel}:{e.lineno}: {e.msg}")
+                    continue
+                before = pristine / rel
+                if before.is_file():
+                    unbound -= unbound_globals(before.read_text(), rel)
+                problems += [
+                    f"{layout.release}: {rel}: uses {name}, which the module "
+                    "neither defines nor imports"
+                    for name in sorted(unbound)
+                ]
         for rel, line, module, name in unresolved_imports(Path(tmp), pristine, files):
             problems.append(
                 f"{layout.release}: {rel}:{line}: imports {name} from {module}, "

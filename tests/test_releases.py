@@ -362,3 +362,44 @@ def test_a_port_started_from_a_nearer_release_takes_its_ports_where_it_has_none(
         series.SeriesError, match=f"run `make port RELEASE={near.release}` first"
     ):
         ports._check_start(far, near)
+
+
+def test_a_port_that_merges_a_call_without_its_import_is_named(tmp_path):
+    """A 3-way merge can bring a call into a module whose import line the
+    patch does not touch (0.5.20 and 0.5.21 took 0.5.23's data-parallel
+    patch so: a NameError at every group join). The drift check names it."""
+    from devtools.names import unbound_globals
+
+    source = "from os import path\n\ndef f():\n    return path, get_parallel()\n"
+    assert unbound_globals(source) == {"get_parallel"}
+    assert unbound_globals("from os import *\n\ndef f():\n    return nope\n") == set()
+    bound_late = "def f():\n    global x\n    x = 1\n\nclass C:\n    y = len(x)\n"
+    assert unbound_globals(bound_late) == set()
+    release = next(
+        (r for r in ADJUSTED if "get_model, get_parallel" in port_texts(r)), None
+    )
+    if release is None:
+        pytest.skip("no port adds that import")
+    root = copy_of_pins(tmp_path)
+    layout = series.Layout(root, release.series, release.version)
+    ensure = series.ensure_upstream(layout_of(release))  # fetched once, shared
+    layout.upstream_dir.parent.mkdir(parents=True)
+    layout.upstream_dir.symlink_to(ensure)
+    for port in layout.adjustments_dir.glob("*.patch"):
+        port.write_text(
+            port.read_text().replace(
+                "+from sglang.srt.runtime_context import get_model, get_parallel",
+                "+from sglang.srt.runtime_context import get_model",
+            )
+        )
+    assert ports.check_release(layout) == [
+        f"{release.version}: python/sglang/srt/managers/scheduler_components/"
+        "weight_updater.py: uses get_parallel, which the module neither defines "
+        "nor imports"
+    ]
+
+
+def port_texts(release: releases.Release) -> str:
+    return "".join(
+        p.read_text() for p in layout_of(release).adjustments_dir.glob("*.patch")
+    )
