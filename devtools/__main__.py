@@ -147,7 +147,8 @@ def _report_release(layout: series.Layout) -> bool:
     if not problems:
         print(
             f"ok: {layout.release}: {len(layout.patches())} patches apply to its "
-            "wheel; every file they write compiles, binds every global it uses and its sglang imports resolve"
+            "wheel; every file they write compiles, binds every global it uses "
+            "and its sglang imports resolve"
         )
     return bool(problems)
 
