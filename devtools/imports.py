@@ -84,8 +84,8 @@ def unresolved_imports(
 ) -> list[tuple[str, int, str, str]]:
     """(file, line, module, name) of each `from sglang... import name` in
     `files` (relative to `patched`), at any depth (a lazy import in a function
-    too), that the patched tree, else the pristine one, does not bind; or
-    whose module neither has, unless the import is inside a `try`."""
+    too), that the patched tree, else the pristine one, does not bind, or
+    whose module neither has; an import inside a `try` is optional."""
     trees = (patched, pristine)
     cache: dict[Path, set[str] | None] = {}
     missing = []
@@ -118,8 +118,8 @@ def unresolved_imports(
             if source not in cache:
                 cache[source] = bound_names(source)
             names = cache[source]
-            if names is None:
-                continue
+            if names is None or id(node) in guarded:
+                continue  # unknowable, or tried (an optional extension)
             for alias in node.names:
                 if (
                     alias.name == "*"

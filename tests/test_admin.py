@@ -5,6 +5,7 @@ client fails early against pristine upstream."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -24,8 +25,14 @@ from rlsync import client
 from rlsync.sender import Engine, SyncError, WeightSender
 
 ROOT = Path(__file__).resolve().parents[1]
+# The server under test: the pin's overlay, or the tree a release's smoke runs.
 HTTP_SERVER = (
-    ROOT / "pins" / ACTIVE_PIN / "overlay/python/sglang/srt/entrypoints/http_server.py"
+    Path(os.environ["RLSYNC_SGLANG_TREE"]) / "sglang/srt/entrypoints/http_server.py"
+    if os.environ.get("RLSYNC_SGLANG_TREE")
+    else ROOT
+    / "pins"
+    / ACTIVE_PIN
+    / "overlay/python/sglang/srt/entrypoints/http_server.py"
 )
 ENV_ADMIN_KEY = "adm1n-s3cret-key"
 
