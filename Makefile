@@ -97,9 +97,11 @@ port port-export:
 	@test -n "$(RELEASE)" || { echo "error: set RELEASE=<version> (a release pins/releases maps adjusted)" >&2; exit 2; }
 	@$(DEVTOOLS) --release $(RELEASE) $@ $(if $(and $(filter port,$@),$(FROM)),--from $(FROM))
 
-# The release's wheel + its series, run by the serving pin's test environment.
-smoke: install
+# The release's wheel + its series, run by the serving pin's test environment
+# (with the pin's wheels installed: `install` of the pin, not of the release).
+smoke:
 	@test -n "$(SERVING)" || { echo "error: set RELEASE=<version> (a release pins/releases maps as-is or adjusted)" >&2; exit 2; }
+	@$(MAKE) --no-print-directory install RELEASE= PIN=$(P)
 	@tree=$$($(DEVTOOLS) --release $(OTHER_RELEASE) smoke-tree) && echo "=== SGLang $(OTHER_RELEASE) ($$tree) in $(P)'s environment" && \
 	  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN RLSYNC_SGLANG_TREE=$$tree RLSYNC_SMOKE_RELEASE=$(OTHER_RELEASE) \
 	  $(VENV_PY) -m pytest -p no:cacheprovider --junitxml=build/$(OTHER_RELEASE)/smoke.xml $(SMOKE_TESTS); \
