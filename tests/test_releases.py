@@ -68,6 +68,20 @@ def test_make_runs_the_tests_of_every_pin_and_nothing_else():
     assert listed == series.pin_versions(ROOT)
 
 
+@pytest.mark.skipif(not SERVED, reason="no release is served")
+def test_a_release_s_smoke_installs_its_pin_s_wheels():
+    """`make smoke RELEASE=<release>` runs in the serving pin's environment
+    with that pin's wheels installed (a clean checkout has no other)."""
+    release = next((r for r in SERVED if r.series != r.version), SERVED[0])
+    plan = subprocess.run(
+        ["make", "-n", "smoke", f"RELEASE={release.version}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert f"install RELEASE= PIN={release.series}" in plan, plan
+
+
 @pytest.mark.parametrize("release", SERVED, ids=[r.version for r in SERVED])
 def test_a_served_release_takes_apply_and_revert_and_its_imports_resolve(
     release, tmp_path
