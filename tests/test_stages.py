@@ -37,6 +37,19 @@ def stage_of(name: str) -> int:
     return 0 if "embed_tokens" in name or ".layers.0." in name else 1
 
 
+def join_coordination(rank: int, port: int, timeout: float) -> None:
+    """The two stage senders' own gloo group (the default one here)."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=2,
+        timeout=timedelta(seconds=timeout),
+    )
+
+
 def stage_main(
     rank: int,
     coord_port: int,
@@ -55,13 +68,7 @@ def stage_main(
     from rlsync.stages import StageSender
 
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{coord_port}",
-        rank=rank,
-        world_size=2,
-        timeout=timedelta(seconds=60),
-    )
+    join_coordination(rank, coord_port, timeout=60)
     original = list(load_file(weights_file).items())
     mine = [(n, t) for n, t in perturbed(original, seed) if stage_of(n) == rank]
     sender = StageSender(
@@ -358,13 +365,7 @@ def lone_stage(rank: int, coord_port: int, out: Any) -> None:
     from rlsync.sender import SyncError
     from rlsync.stages import StageSender
 
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{coord_port}",
-        rank=rank,
-        world_size=2,
-        timeout=timedelta(seconds=10),
-    )
+    join_coordination(rank, coord_port, timeout=10)
     if rank == 1:
         return
     sender = StageSender(
