@@ -102,11 +102,13 @@ port port-export:
 smoke:
 	@test -n "$(SERVING)" || { echo "error: set RELEASE=<version> (a release pins/releases maps as-is or adjusted)" >&2; exit 2; }
 	@$(MAKE) --no-print-directory install RELEASE= PIN=$(P)
-	@tree=$$($(DEVTOOLS) --release $(OTHER_RELEASE) smoke-tree) && echo "=== SGLang $(OTHER_RELEASE) ($$tree) in $(P)'s environment" && \
+	@tree=$$($(DEVTOOLS) --release $(OTHER_RELEASE) smoke-tree) && own=$$($(DEVTOOLS) --release $(OTHER_RELEASE) smoke-pins) && \
+	  { test -z "$$own" || PIP_CONSTRAINT= $(VENV_PY) -m pip install --quiet --no-deps --target $$tree $$own; } && \
+	  echo "=== SGLang $(OTHER_RELEASE) ($$tree) in $(P)'s environment$${own:+, with the release's $$own}" && \
 	  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN RLSYNC_SGLANG_TREE=$$tree RLSYNC_SMOKE_RELEASE=$(OTHER_RELEASE) \
 	  $(VENV_PY) -m pytest -p no:cacheprovider --junitxml=build/$(OTHER_RELEASE)/smoke.xml $(SMOKE_TESTS); \
 	  $(DEVTOOLS) --release $(OTHER_RELEASE) smoke-record --junit build/$(OTHER_RELEASE)/smoke.xml \
-	  --environment "$(P)'s test environment (torch $$($(VENV_PY) -c 'import torch; print(torch.__version__)'))"
+	  --environment "$(P)'s test environment (torch $$($(VENV_PY) -c 'import torch; print(torch.__version__)')$${own:+; the release's $$own})"
 
 support-matrix check-releases:
 	@$(DEVTOOLS) $@

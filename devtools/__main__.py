@@ -179,6 +179,14 @@ def cmd_smoke_tree(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_smoke_pins(args: argparse.Namespace) -> int:
+    layout = _layout(args)
+    if not layout.release:
+        raise series.SeriesError("a smoke is run for a release: RELEASE=<version>")
+    print(" ".join(smoke.release_pins(layout)))
+    return 0
+
+
 def cmd_smoke_record(args: argparse.Namespace) -> int:
     layout = _layout(args)
     done = smoke.record(layout, Path(args.junit), args.environment)
@@ -307,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("port-export", cmd_port_export, "write a release's port from its worktree"),
         ("check-releases", cmd_check_releases, "apply each served release's series"),
         ("smoke-tree", cmd_smoke_tree, "build/<release>/smoke: a release + its series"),
+        ("smoke-pins", cmd_smoke_pins, "the release's own pins its smoke installs"),
         ("support-matrix", cmd_support_matrix, "regenerate the README's releases"),
     ):
         sub.add_parser(name, help=text).set_defaults(fn=fn)

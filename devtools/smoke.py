@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import re
 import shutil
 import xml.etree.ElementTree as ElementTree
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.pin import fetch_archive
 from devtools.series import (
     Layout,
     SeriesError,
@@ -62,6 +65,28 @@ def smoke_tree(layout: Layout) -> Path:
     version = dest / "python" / "sglang" / "_version.py"
     version.write_text(version_module(layout.pin().local_version))
     return dest / "python"
+
+
+# Pure-Python packages a release pins that the serving pin's environment may
+# have at another version which that release cannot start with (0.5.19
+# registers a transformers config that transformers 5.19 already has): the
+# smoke installs the release's own version into its tree, ahead of the
+# environment's on the server's path.
+OWN_PINS = ("transformers",)
+
+
+def release_pins(layout: Layout) -> list[str]:
+    """`name==version` of each OWN_PINS package the release's wheel requires
+    at an exact version (its METADATA's Requires-Dist, without markers)."""
+    with zipfile.ZipFile(fetch_archive(layout.pin())) as wheel:
+        name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = wheel.read(name).decode("utf-8", "replace")
+    pins = []
+    for line in metadata.splitlines():
+        m = re.match(r"Requires-Dist: ([A-Za-z0-9_.-]+)\s*==\s*([^\s;,]+)$", line)
+        if m and m.group(1).lower().replace("_", "-") in OWN_PINS:
+            pins.append(f"{m.group(1)}=={m.group(2)}")
+    return pins
 
 
 def read_smokes(root: Path) -> dict[str, Smoke]:

@@ -80,6 +80,16 @@ def test_a_release_s_smoke_installs_its_pin_s_wheels():
         text=True,
     ).stdout
     assert f"install RELEASE= PIN={release.series}" in plan, plan
+    assert "smoke-pins) &&" in plan and "--no-deps --target $tree $own" in plan
+
+
+def test_a_release_s_smoke_takes_its_own_transformers():
+    """0.5.19 registers a transformers config that 0.5.23's transformers
+    already has: its smoke installs the version 0.5.19 pins into its tree."""
+    found = {r.version: r for r in SERVED}
+    if "0.5.19" not in found:
+        pytest.skip("0.5.19 is not served")
+    assert smoke.release_pins(layout_of(found["0.5.19"])) == ["transformers==5.12.1"]
 
 
 @pytest.mark.parametrize("release", SERVED, ids=[r.version for r in SERVED])
