@@ -67,12 +67,12 @@ def smoke_tree(layout: Layout) -> Path:
     return dest / "python"
 
 
-# Pure-Python packages a release pins that the serving pin's environment may
-# have at another version which that release cannot start with (0.5.19
-# registers a transformers config that transformers 5.19 already has): the
-# smoke installs the release's own version into its tree, ahead of the
-# environment's on the server's path.
-OWN_PINS = ("transformers",)
+# Packages a release pins that the serving pin's environment may have at
+# another version which that release cannot start with (0.5.19 registers a
+# transformers config that transformers 5.19 already has; its transformers
+# then wants its own tokenizers): the smoke installs the release's own
+# versions into its tree, ahead of the environment's on the server's path.
+OWN_PINS = ("tokenizers", "transformers")
 
 
 def release_pins(layout: Layout) -> list[str]:
