@@ -339,10 +339,19 @@ class GroupReceiver:
     def done(self) -> bool:
         return self._done.is_set()
 
+    @property
+    def in_step(self) -> bool:
+        """Nothing the sender may still broadcast is owed to this receive: it
+        took the sender's abort header. (The sender was told to broadcast, so
+        a receive that ended early for any other reason, even before posting
+        anything, may leave the sender's bytes on the wire.)"""
+        return self.sender_aborted
+
     def abort(self, timeout: float = 5.0, sender_grace: float = 0.0) -> bool:
-        """Stop receiving; True when the group can still be used (nothing was
-        left half-received on it). `sender_grace`: seconds to let the receive
-        end by itself first (the sender aborted in band)."""
+        """Stop receiving; True when the group can still be used: nothing is
+        left posted, and the receive ended in step with the sender
+        (`in_step`). `sender_grace`: seconds to let the receive end by
+        itself first (the sender aborted in band)."""
         if sender_grace > 0 and self._header is not None:
             self._done.wait(sender_grace)
             if not self.sender_aborted:
@@ -352,7 +361,12 @@ class GroupReceiver:
                 self.out_of_step = True
         self._abort.set()
         self._done.wait(timeout)
-        return self._done.is_set() and not self.pending_works and not self.out_of_step
+        return (
+            self._done.is_set()
+            and not self.pending_works
+            and not self.out_of_step
+            and self.in_step
+        )
 
     @property
     def complete(self) -> bool:
@@ -489,6 +503,14 @@ class StagedWeightReceiver(GroupReceiver):
         # is known now or comes with complete).
         self.landed_digests: Dict[int, str] = {}
         self.digest_errors: List[str] = []
+        # Buckets whose every byte arrived (loaded or not).
+        self.buckets_arrived = 0
+
+    @property
+    def in_step(self) -> bool:
+        """Every bucket arrived (the sender has nothing left to send), or
+        the sender aborted in band."""
+        return self.sender_aborted or self.buckets_arrived == len(self.buckets)
 
     # Data -----------------------------------------------------------------
 
@@ -582,6 +604,7 @@ class StagedWeightReceiver(GroupReceiver):
         return True
 
     def _finish(self, bucket: BucketSpec, region: torch.Tensor) -> None:
+        self.buckets_arrived += 1
         t0 = time.perf_counter()
         self._check_digest(bucket, region)
         t1 = time.perf_counter()
