@@ -61,8 +61,12 @@ def _target_names(target: ast.expr) -> list[str]:
 
 def bound_names(path: Path) -> set[str] | None:
     """Names a module binds at its top level; None when it cannot tell
-    (a star import or a module `__getattr__`)."""
-    tree = ast.parse(path.read_text(errors="replace"), str(path))
+    (a star import, a module `__getattr__`, or source that does not parse:
+    the compile check names that)."""
+    try:
+        tree = ast.parse(path.read_text(errors="replace"), str(path))
+    except SyntaxError:
+        return None
     names: set[str] = set()
     for node in _top_level_statements(tree.body):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

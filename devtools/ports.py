@@ -125,7 +125,7 @@ def check_release(layout: Layout) -> list[str]:
         except SeriesError as e:
             return [f"{layout.release}: {e}"]
         write_generated(layout, Path(tmp))
-        problems = []
+        problems, parsed = [], []
         for rel in files:
             path = Path(tmp) / rel
             if rel.endswith(".py") and path.is_file():
@@ -134,6 +134,7 @@ def check_release(layout: Layout) -> list[str]:
                 except SyntaxError as e:
                     problems.append(f"{layout.release}: {rel}:{e.lineno}: {e.msg}")
                     continue
+                parsed.append(rel)
                 before = pristine / rel
                 if before.is_file():
                     unbound -= unbound_globals(before.read_text(), rel)
@@ -142,7 +143,7 @@ def check_release(layout: Layout) -> list[str]:
                     "neither defines nor imports"
                     for name in sorted(unbound)
                 ]
-        for rel, line, module, name in unresolved_imports(Path(tmp), pristine, files):
+        for rel, line, module, name in unresolved_imports(Path(tmp), pristine, parsed):
             problems.append(
                 f"{layout.release}: {rel}:{line}: imports {name} from {module}, "
                 "which the release with its series does not define"

@@ -426,6 +426,35 @@ def test_a_port_that_merges_a_call_without_its_import_is_named(tmp_path):
     ]
 
 
+def test_a_port_that_does_not_parse_is_named_not_a_traceback(tmp_path):
+    """A 3-way merge resolved by keeping both sides can leave a module that
+    does not parse: the check names its file and line (the import check of
+    the modules importing it goes on), it does not crash."""
+    release = next(
+        (r for r in ADJUSTED if "get_model, get_parallel" in port_texts(r)), None
+    )
+    if release is None:
+        pytest.skip("no port adds that import")
+    root = copy_of_pins(tmp_path)
+    layout = series.Layout(root, release.series, release.version)
+    ensure = series.ensure_upstream(layout_of(release))  # fetched once, shared
+    layout.upstream_dir.parent.mkdir(parents=True)
+    layout.upstream_dir.symlink_to(ensure)
+    for port in layout.adjustments_dir.glob("*.patch"):
+        port.write_text(
+            port.read_text().replace(
+                "+from sglang.srt.runtime_context import get_model, get_parallel",
+                "+from sglang.srt.runtime_context import (get_model, get_parallel",
+            )
+        )
+    problems = ports.check_release(layout)
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(
+        f"{release.version}: python/sglang/srt/managers/scheduler_components/"
+        "weight_updater.py:"
+    ), problems
+
+
 def port_texts(release: releases.Release) -> str:
     return "".join(
         p.read_text() for p in layout_of(release).adjustments_dir.glob("*.patch")
