@@ -402,23 +402,9 @@ def test_a_port_that_merges_a_call_without_its_import_is_named(tmp_path):
     assert unbound_globals("from os import *\n\ndef f():\n    return nope\n") == set()
     bound_late = "def f():\n    global x\n    x = 1\n\nclass C:\n    y = len(x)\n"
     assert unbound_globals(bound_late) == set()
-    release = next(
-        (r for r in ADJUSTED if "get_model, get_parallel" in port_texts(r)), None
+    release, layout = with_the_import_line_of_its_ports(
+        tmp_path, "from sglang.srt.runtime_context import get_model"
     )
-    if release is None:
-        pytest.skip("no port adds that import")
-    root = copy_of_pins(tmp_path)
-    layout = series.Layout(root, release.series, release.version)
-    ensure = series.ensure_upstream(layout_of(release))  # fetched once, shared
-    layout.upstream_dir.parent.mkdir(parents=True)
-    layout.upstream_dir.symlink_to(ensure)
-    for port in layout.adjustments_dir.glob("*.patch"):
-        port.write_text(
-            port.read_text().replace(
-                "+from sglang.srt.runtime_context import get_model, get_parallel",
-                "+from sglang.srt.runtime_context import get_model",
-            )
-        )
     assert ports.check_release(layout) == [
         f"{release.version}: python/sglang/srt/managers/scheduler_components/"
         "weight_updater.py: uses get_parallel, which the module neither defines "
@@ -430,29 +416,36 @@ def test_a_port_that_does_not_parse_is_named_not_a_traceback(tmp_path):
     """A 3-way merge resolved by keeping both sides can leave a module that
     does not parse: the check names its file and line (the import check of
     the modules importing it goes on), it does not crash."""
-    release = next(
-        (r for r in ADJUSTED if "get_model, get_parallel" in port_texts(r)), None
+    release, layout = with_the_import_line_of_its_ports(
+        tmp_path, "from sglang.srt.runtime_context import (get_model, get_parallel"
     )
-    if release is None:
-        pytest.skip("no port adds that import")
-    root = copy_of_pins(tmp_path)
-    layout = series.Layout(root, release.series, release.version)
-    ensure = series.ensure_upstream(layout_of(release))  # fetched once, shared
-    layout.upstream_dir.parent.mkdir(parents=True)
-    layout.upstream_dir.symlink_to(ensure)
-    for port in layout.adjustments_dir.glob("*.patch"):
-        port.write_text(
-            port.read_text().replace(
-                "+from sglang.srt.runtime_context import get_model, get_parallel",
-                "+from sglang.srt.runtime_context import (get_model, get_parallel",
-            )
-        )
     problems = ports.check_release(layout)
     assert len(problems) == 1, problems
     assert problems[0].startswith(
         f"{release.version}: python/sglang/srt/managers/scheduler_components/"
         "weight_updater.py:"
     ), problems
+
+
+IMPORT_LINE = "from sglang.srt.runtime_context import get_model, get_parallel"
+
+
+def with_the_import_line_of_its_ports(
+    tmp_path: Path, replacement: str
+) -> tuple[releases.Release, series.Layout]:
+    """A copy of the pins where the ports of a release that add IMPORT_LINE
+    add `replacement` instead (its pristine wheel fetched once, shared)."""
+    release = next((r for r in ADJUSTED if IMPORT_LINE in port_texts(r)), None)
+    if release is None:
+        pytest.skip("no port adds that import")
+    root = copy_of_pins(tmp_path)
+    layout = series.Layout(root, release.series, release.version)
+    layout.upstream_dir.parent.mkdir(parents=True)
+    layout.upstream_dir.symlink_to(series.ensure_upstream(layout_of(release)))
+    for port in layout.adjustments_dir.glob("*.patch"):
+        text = port.read_text()
+        port.write_text(text.replace("+" + IMPORT_LINE, "+" + replacement))
+    return release, layout
 
 
 def port_texts(release: releases.Release) -> str:
