@@ -109,3 +109,35 @@ def test_our_code_is_black_clean():
         *("python", "devtools", "harness", "tests", "bench", "examples", "setup.py"),
     )
     assert proc.returncode == 0, f"run `make format`:\n{proc.stderr}"
+
+
+def test_every_generated_file_is_marked_generated_for_review_tools():
+    """The overlays, common/ and the library's generated copies are written
+    by `make overlay`: .gitattributes marks each so (and the overlays
+    without a diff), so that a review reads the series instead."""
+    generated = [
+        p.relative_to(ROOT).as_posix()
+        for p in sorted(ROOT.glob("pins/*/overlay/**/*.py"))
+        + sorted((ROOT / "common").rglob("*.py"))
+        + sorted((ROOT / "python" / "rlsync").glob("*.py"))
+        if not p.is_relative_to(ROOT / "python")
+        or p.read_text().startswith("# Generated from")
+    ]
+    assert any(p.startswith("python/rlsync/") for p in generated)
+    out = subprocess.run(
+        ["git", "check-attr", "linguist-generated", "diff", "--stdin"],
+        input="\n".join(generated),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    attrs: dict[str, dict[str, str]] = {}
+    for line in out.splitlines():
+        path, name, value = line.split(": ")
+        attrs.setdefault(path, {})[name] = value
+    unmarked = [p for p in generated if attrs[p]["linguist-generated"] != "true"]
+    assert not unmarked, f"not marked generated in .gitattributes: {unmarked}"
+    overlays = [p for p in generated if "/overlay/" in p]
+    with_diff = [p for p in overlays if attrs[p]["diff"] != "unset"]
+    assert overlays and not with_diff, f"overlay files with a diff: {with_diff}"
