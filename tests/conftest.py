@@ -42,6 +42,7 @@ SERVER_FIXTURES = {
     "server_tp1",
     "server_tp2",
     "server_tp1_replica",
+    "server_pristine",
     "keyed_server",
     "start_server",
 }
@@ -256,6 +257,16 @@ def server_tp2(request, tiny_model):
 def server_tp1_replica(request, tiny_model):
     """A second shared TP 1 server: the other replica where a test needs two."""
     return _session_server(request, tiny_model, 1, "session-tp1-replica")
+
+
+@pytest.fixture(scope="session")
+def server_pristine(request, tiny_model):
+    """Pristine upstream at TP 1 (no series), shared by the tests that show
+    what upstream does without it: they change no weights."""
+    args = ["--soft-watchdog-timeout", "2"]  # upstream's flag, as on the others
+    server = _start(request, tiny_model, 1, True, args, name="session-pristine")
+    request.addfinalizer(server.stop)
+    return server
 
 
 # Keys of keyed_server: its admin key and its ordinary --api-key, and the

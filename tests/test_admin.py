@@ -208,8 +208,8 @@ def test_rlsync_info_on_the_patched_server(server_tp1):
 
 
 @pytest.mark.release_independent
-def test_client_fails_early_against_pristine_upstream(start_server):
-    pristine = start_server(pristine=True)
+def test_client_fails_early_against_pristine_upstream(server_pristine):
+    pristine = server_pristine
     with pytest.raises(client.EngineError, match="not patched with rlsync") as err:
         client.rlsync_info(pristine.url)
     assert err.value.status == 404 and pristine.url in str(err.value)

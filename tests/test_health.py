@@ -149,12 +149,11 @@ def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server
         leave_update_group(pg)
 
 
-def test_late_trainer_fails_health_on_pristine_upstream(start_server):
-    """The same scenario on pristine 0.5.10: the health check is not answered
-    in time, so this test proves the fix above."""
-    server = start_server(
-        tp=1, pristine=True, extra_args=["--soft-watchdog-timeout", "2"]
-    )
+def test_late_trainer_fails_health_on_pristine_upstream(server_pristine):
+    """The same scenario on pristine 0.5.10 (with --soft-watchdog-timeout 2):
+    the health check is not answered in time, so this test proves the fix
+    above."""
+    server = server_pristine
     generating_health(server)  # control: idle, it answers (in about a second)
     answers, pg, group, resp = late_trainer_scenario(server, client_timeout=3.0)
     try:
