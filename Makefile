@@ -104,6 +104,8 @@ smoke:
 	@$(MAKE) --no-print-directory install RELEASE= PIN=$(P)
 	@tree=$$($(DEVTOOLS) --release $(OTHER_RELEASE) smoke-tree) && own=$$($(DEVTOOLS) --release $(OTHER_RELEASE) smoke-pins) && \
 	  { test -z "$$own" || PIP_CONSTRAINT= $(VENV_PY) -m pip install --quiet --no-deps --target $$tree $$own; } && \
+	  needed=$$($(DEVTOOLS) --release $(OTHER_RELEASE) smoke-pins --needed-in $$tree) && \
+	  { test -z "$$needed" || PIP_CONSTRAINT= $(VENV_PY) -m pip install --quiet --no-deps --target $$tree $$needed; } && own="$$own$${needed:+ $$needed}" && \
 	  echo "=== SGLang $(OTHER_RELEASE) ($$tree) in $(P)'s environment$${own:+, with the release's $$own}" && \
 	  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN RLSYNC_SGLANG_TREE=$$tree RLSYNC_SMOKE_RELEASE=$(OTHER_RELEASE) \
 	  $(VENV_PY) -m pytest -p no:cacheprovider --junitxml=build/$(OTHER_RELEASE)/smoke.xml $(SMOKE_TESTS); \

@@ -183,7 +183,10 @@ def cmd_smoke_pins(args: argparse.Namespace) -> int:
     layout = _layout(args)
     if not layout.release:
         raise series.SeriesError("a smoke is run for a release: RELEASE=<version>")
-    print(" ".join(smoke.release_pins(layout)))
+    if args.needed_in:
+        print(" ".join(smoke.requirements_of_own_pins(Path(args.needed_in))))
+    else:
+        print(" ".join(smoke.release_pins(layout)))
     return 0
 
 
@@ -315,10 +318,17 @@ def build_parser() -> argparse.ArgumentParser:
         ("port-export", cmd_port_export, "write a release's port from its worktree"),
         ("check-releases", cmd_check_releases, "apply each served release's series"),
         ("smoke-tree", cmd_smoke_tree, "build/<release>/smoke: a release + its series"),
-        ("smoke-pins", cmd_smoke_pins, "the release's own pins its smoke installs"),
         ("support-matrix", cmd_support_matrix, "regenerate the README's releases"),
     ):
         sub.add_parser(name, help=text).set_defaults(fn=fn)
+    p = sub.add_parser("smoke-pins", help="the release's own pins its smoke installs")
+    p.add_argument(
+        "--needed-in",
+        metavar="TREE",
+        help="instead: what the pins installed in TREE require of the other "
+        "such packages that TREE lacks",
+    )
+    p.set_defaults(fn=cmd_smoke_pins)
     p = sub.add_parser(
         "port", help="build/<release>/work: a release + its series (git am -3)"
     )

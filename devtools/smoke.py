@@ -89,6 +89,28 @@ def release_pins(layout: Layout) -> list[str]:
     return pins
 
 
+def requirements_of_own_pins(tree: Path) -> list[str]:
+    """What the OWN_PINS packages installed in `tree` require of the other
+    OWN_PINS packages that the tree does not have (0.5.16 pins transformers
+    5.12.1 but not the tokenizers it needs): each a requirement to install
+    there too, so that the environment's own version is not used."""
+    installed = {}
+    for dist_info in tree.glob("*.dist-info"):
+        name = dist_info.name.split("-")[0].lower().replace("_", "-")
+        if name in OWN_PINS:
+            installed[name] = dist_info / "METADATA"
+    needed = []
+    for metadata in installed.values():
+        for line in metadata.read_text(errors="replace").splitlines():
+            m = re.match(r"Requires-Dist: ([A-Za-z0-9_.-]+)\s*([^;]*)$", line)
+            if not m:
+                continue  # none, or one with a marker (an extra)
+            name = m.group(1).lower().replace("_", "-")
+            if name in OWN_PINS and name not in installed:
+                needed.append(f"{name}{m.group(2).strip()}")
+    return sorted(set(needed))
+
+
 def read_smokes(root: Path) -> dict[str, Smoke]:
     path = root / SMOKES_FILE
     out: dict[str, Smoke] = {}

@@ -95,6 +95,32 @@ def test_a_release_s_smoke_takes_its_own_transformers():
     ]
 
 
+def test_a_smoke_tree_gets_what_its_own_transformers_needs(tmp_path):
+    """0.5.16 pins transformers 5.12.1 but not tokenizers, and the serving
+    environment's tokenizers is too new for it: the smoke installs into the
+    tree what the pinned packages there require of the others (not a
+    requirement behind an extra, and nothing the tree already has)."""
+    meta = tmp_path / "transformers-5.12.1.dist-info" / "METADATA"
+    meta.parent.mkdir()
+    meta.write_text(
+        "Name: transformers\nVersion: 5.12.1\n"
+        "Requires-Dist: huggingface-hub<2.0,>=1.3.0\n"
+        "Requires-Dist: tokenizers<=0.23.0,>=0.22.0\n"
+        'Requires-Dist: tokenizers>=0.21; extra == "dev"\n'
+    )
+    assert smoke.requirements_of_own_pins(tmp_path) == ["tokenizers<=0.23.0,>=0.22.0"]
+    (tmp_path / "tokenizers-0.22.2.dist-info").mkdir()
+    (tmp_path / "tokenizers-0.22.2.dist-info" / "METADATA").write_text("")
+    assert smoke.requirements_of_own_pins(tmp_path) == []
+    plan = subprocess.run(
+        ["make", "-n", "smoke", f"RELEASE={SERVED[-1].version}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert "smoke-pins --needed-in $tree" in plan, plan
+
+
 @pytest.mark.parametrize("release", SERVED, ids=[r.version for r in SERVED])
 def test_a_served_release_takes_apply_and_revert_and_its_imports_resolve(
     release, tmp_path
