@@ -69,16 +69,21 @@ def test_make_runs_the_tests_of_every_pin_and_nothing_else():
 
 
 @pytest.mark.skipif(not SERVED, reason="no release is served")
-def test_a_release_s_smoke_installs_its_pin_s_wheels():
-    """`make smoke RELEASE=<release>` runs in the serving pin's environment
-    with that pin's wheels installed (a clean checkout has no other)."""
-    release = next((r for r in SERVED if r.series != r.version), SERVED[0])
-    plan = subprocess.run(
-        ["make", "-n", "smoke", f"RELEASE={release.version}"],
+def smoke_plan(release: str) -> str:
+    """What `make smoke RELEASE=<release>` would run (make -n)."""
+    return subprocess.run(
+        ["make", "-n", "smoke", f"RELEASE={release}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
     ).stdout
+
+
+def test_a_release_s_smoke_installs_its_pin_s_wheels():
+    """`make smoke RELEASE=<release>` runs in the serving pin's environment
+    with that pin's wheels installed (a clean checkout has no other)."""
+    release = next((r for r in SERVED if r.series != r.version), SERVED[0])
+    plan = smoke_plan(release.version)
     assert f"install RELEASE= PIN={release.series}" in plan, plan
     assert "smoke-pins) &&" in plan and "--no-deps --target $tree $own" in plan
 
@@ -112,12 +117,7 @@ def test_a_smoke_tree_gets_what_its_own_transformers_needs(tmp_path):
     (tmp_path / "tokenizers-0.22.2.dist-info").mkdir()
     (tmp_path / "tokenizers-0.22.2.dist-info" / "METADATA").write_text("")
     assert smoke.requirements_of_own_pins(tmp_path) == []
-    plan = subprocess.run(
-        ["make", "-n", "smoke", f"RELEASE={SERVED[-1].version}"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    ).stdout
+    plan = smoke_plan(SERVED[-1].version)
     assert "smoke-pins --needed-in $tree" in plan, plan
 
 
