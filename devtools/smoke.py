@@ -75,6 +75,11 @@ def smoke_tree(layout: Layout) -> Path:
 OWN_PINS = ("tokenizers", "transformers")
 
 
+def _project(name: str) -> str:
+    """A distribution's name as OWN_PINS spells it."""
+    return name.lower().replace("_", "-")
+
+
 def release_pins(layout: Layout) -> list[str]:
     """`name==version` of each OWN_PINS package the release's wheel requires
     at an exact version (its METADATA's Requires-Dist, without markers)."""
@@ -84,7 +89,7 @@ def release_pins(layout: Layout) -> list[str]:
     pins = []
     for line in metadata.splitlines():
         m = re.match(r"Requires-Dist: ([A-Za-z0-9_.-]+)\s*==\s*([^\s;,]+)$", line)
-        if m and m.group(1).lower().replace("_", "-") in OWN_PINS:
+        if m and _project(m.group(1)) in OWN_PINS:
             pins.append(f"{m.group(1)}=={m.group(2)}")
     return pins
 
@@ -96,7 +101,7 @@ def requirements_of_own_pins(tree: Path) -> list[str]:
     there too, so that the environment's own version is not used."""
     installed = {}
     for dist_info in tree.glob("*.dist-info"):
-        name = dist_info.name.split("-")[0].lower().replace("_", "-")
+        name = _project(dist_info.name.split("-")[0])
         if name in OWN_PINS:
             installed[name] = dist_info / "METADATA"
     needed = []
@@ -105,7 +110,7 @@ def requirements_of_own_pins(tree: Path) -> list[str]:
             m = re.match(r"Requires-Dist: ([A-Za-z0-9_.-]+)\s*([^;]*)$", line)
             if not m:
                 continue  # none, or one with a marker (an extra)
-            name = m.group(1).lower().replace("_", "-")
+            name = _project(m.group(1))
             if name in OWN_PINS and name not in installed:
                 needed.append(f"{name}{m.group(2).strip()}")
     return sorted(set(needed))
