@@ -128,3 +128,26 @@ def test_upstreams_checksum_answer_reads_as_the_series_answer():
     ]
     assert out["num_tensors"] == 4
     assert all(r["success"] for r in out["rank_results"])
+
+
+def test_upstreams_first_checksum_answer_gets_its_checksums_derived():
+    """SGLang 0.5.12's checksum action answers per-tensor checksums alone
+    (no per-rank or per-engine checksum): the client derives both, so two
+    servers compare by one string, and any tensor that differs changes it."""
+    from rlsync.client import _upstream_checksum
+
+    def body(head: str, order: list[int]) -> dict:
+        tensors = {"lm_head.weight": head, "embed.weight": "0a0b"}
+        ranks = [
+            {"checksums": tensors, "parallelism_info": {"tp_rank": tp, "dp_rank": 0}}
+            for tp in order
+        ]
+        return {"success": True, "message": "Success.", "ranks": ranks}
+
+    same = _upstream_checksum(body("00ff", [0, 1]))
+    assert same["checksum"].startswith("sha256:") and same["source"] == "upstream"
+    assert _upstream_checksum(body("00ff", [1, 0]))["checksum"] == same["checksum"]
+    assert _upstream_checksum(body("00fe", [0, 1]))["checksum"] != same["checksum"]
+    assert [r["rank"] for r in same["rank_results"]] == [0, 1]
+    assert all(r["checksum"].startswith("sha256:") for r in same["rank_results"])
+    assert same["num_tensors"] == 4

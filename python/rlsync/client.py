@@ -8,6 +8,7 @@ server's own message.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import secrets
@@ -740,7 +741,7 @@ def weights_checksum(
         api_key=api_key,
     )
     body = _ok(url, endpoint, body)
-    if "per_engine_checksum" in body:
+    if "per_engine_checksum" in body or ("checksum" not in body and "ranks" in body):
         body = _upstream_checksum(body)
     else:
         body.setdefault("source", "rlsync")
@@ -752,10 +753,12 @@ def weights_checksum(
 def _upstream_checksum(body: dict[str, Any]) -> dict[str, Any]:
     """Upstream's checksum answer ({"per_engine_checksum", "ranks": [{
     "checksums", "per_gpu_checksum", "parallelism_info"}]}) in the series'
-    shape, so callers read one form."""
+    shape, so callers read one form. Its first form (SGLang 0.5.12) has the
+    per-tensor checksums alone: a rank's checksum is then SHA256 over its
+    tensors' (by name), the engine's over the ranks' in order."""
     ranks = []
     for entry in body.get("ranks") or []:
-        if not isinstance(entry, dict) or "per_gpu_checksum" not in entry:
+        if not isinstance(entry, dict) or "checksums" not in entry:
             continue
         info = entry.get("parallelism_info") or {}
         if isinstance(info, list):  # one entry per role the rank serves
@@ -767,17 +770,29 @@ def _upstream_checksum(body: dict[str, Any]) -> dict[str, Any]:
                 "dp_rank": info.get("dp_rank", 0),
                 "role": info.get("role", "target"),
                 "success": True,
-                "checksum": CHECKSUM_PREFIX + str(entry["per_gpu_checksum"]),
+                "checksum": CHECKSUM_PREFIX
+                + str(entry.get("per_gpu_checksum") or _sha256_of(tensors)),
                 "num_tensors": len(tensors),
                 "tensors": tensors,
             }
         )
     ranks.sort(key=lambda r: (r["dp_rank"], r["rank"]))
+    engine = body.get("per_engine_checksum") or _sha256_of(
+        {f"{r['dp_rank']:08d}.{r['rank']:08d}": r["checksum"] for r in ranks}
+    )
     return {
         "success": body.get("success", True),
         "message": body.get("message", ""),
-        "checksum": CHECKSUM_PREFIX + str(body["per_engine_checksum"]),
+        "checksum": CHECKSUM_PREFIX + str(engine),
         "num_tensors": sum(r["num_tensors"] for r in ranks),
         "rank_results": ranks,
         "source": "upstream",
     }
+
+
+def _sha256_of(checksums: dict[str, Any]) -> str:
+    """SHA256 over named checksums, in name order."""
+    h = hashlib.sha256()
+    for name in sorted(checksums):
+        h.update(f"{name}\0{checksums[name]}\n".encode())
+    return h.hexdigest()
