@@ -149,23 +149,37 @@ def test_a_served_release_takes_apply_and_revert_and_its_imports_resolve(
 def test_a_release_no_series_serves_is_refused_saying_where_it_stops(
     upstream_tree, tmp_path
 ):
-    none = [r for r in releases.read_releases(ROOT).values() if r.how == "none"]
-    release = none[len(none) // 2]
+    """A release the map lists with no series (a new one, before its port)
+    is refused with the map's note, and nothing is written. Every release
+    on the index is served today, so the map here is this one plus such a
+    release."""
+    root = tmp_path / "rlsync"
+    (root / "pins").mkdir(parents=True)
+    for pin in series.pin_versions(ROOT):
+        (root / "pins" / pin).symlink_to(ROOT / "pins" / pin)
+    note = "0.5.23's stops at 0002 (two-phase)"
+    (root / releases.RELEASES_FILE).write_text(
+        (ROOT / releases.RELEASES_FILE).read_text()
+        + f"0.5.99         -       none   {note}\n"
+    )
     site = tmp_path / "site-packages"
     shutil.copytree(upstream_tree / "python" / "sglang", site / "sglang")
     (site / "sglang" / "_version.py").unlink()
-    info = site / f"sglang-{release.version}.dist-info"
+    info = site / "sglang-0.5.99.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(
-        f"Metadata-Version: 2.4\nName: sglang\nVersion: {release.version}\n"
+        "Metadata-Version: 2.4\nName: sglang\nVersion: 0.5.99\n"
     )
     before = files_of(site)
-    proc = make("apply", site)
-    assert proc.returncode != 0
-    assert f"SGLang {release.version} found, which no series serves yet" in (
-        proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "devtools", "--root", str(root), "apply", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
-    assert release.note in proc.stderr
+    assert proc.returncode != 0
+    assert "SGLang 0.5.99 found, which no series serves yet" in proc.stderr
+    assert note in proc.stderr
     assert files_of(site) == before
 
 
@@ -326,12 +340,14 @@ def test_a_smoke_result_is_kept_per_release_and_shown_in_the_table(tmp_path):
         in (root / "README.md").read_text()
     )
     # A smoke of a release no series serves, a second table: named.
-    none = next(r for r in releases.read_releases(root).values() if r.how == "none")
+    with open(root / releases.RELEASES_FILE, "a") as f:
+        f.write("0.5.99  -  none  no series yet\n")
+    matrix.write_readme(root)
     with open(root / smoke.SMOKES_FILE, "a") as f:
-        f.write(f"{none.version} 2026-01-01 pass 8/8 series=abc in x\n")
+        f.write("0.5.99 2026-01-01 pass 8/8 series=abc in x\n")
     (root / "README.md").write_text((root / "README.md").read_text() + begin + end)
     assert matrix.check_readme(root) == [
-        f"{smoke.SMOKES_FILE}: {none.version} is no release a series serves",
+        f"{smoke.SMOKES_FILE}: 0.5.99 is no release a series serves",
         "README.md: one generated table of releases, not several",
     ]
 
