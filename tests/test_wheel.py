@@ -140,6 +140,20 @@ def test_wheel_metadata_keeps_upstreams_long_description(wheel, upstream_tree):
     assert ours.get_payload() == upstream.get_payload()
 
 
+def test_rlsync_wheel_ships_the_apache_licence_its_metadata_declares():
+    assert LIB_WHEEL.is_file(), f"{LIB_WHEEL} missing; `make wheel` builds it"
+    with zipfile.ZipFile(LIB_WHEEL) as whl:
+        meta = wheel_metadata(whl)
+        licences = f"{dist_info(whl)}/licenses/"
+        shipped = [n for n in whl.namelist() if n.startswith(licences)]
+        text = whl.read(licences + "LICENSE").decode() if shipped else ""
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    assert shipped == [licences + "LICENSE"]
+    assert text == (ROOT / "python" / "LICENSE").read_text()
+    assert "Apache License\n" in text and "Version 2.0, January 2004" in text
+
+
 def test_wheel_builds_with_setuptools_alone(tmp_path):
     """`make wheel` needs no test environment: the system interpreter, its
     pip and the package index (for setuptools) are enough."""
