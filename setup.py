@@ -8,6 +8,7 @@ oldest): setuptools and the standard library only. Install requirements are
 read from the pinned sdist's metadata, so they are exactly upstream's.
 """
 
+import email.parser
 import os
 import re
 import shutil
@@ -48,6 +49,13 @@ def upstream_requirements(pkg_info: Path):
     return install, extras
 
 
+def upstream_long_description(pkg_info: Path) -> tuple[str, str]:
+    """(description, content type) as upstream ships them: the body of the
+    sdist's PKG-INFO (its README) and its Description-Content-Type."""
+    meta = email.parser.Parser().parsestr(pkg_info.read_text())
+    return meta.get_payload(), meta["Description-Content-Type"]
+
+
 def stage(layout: Layout) -> Path:
     pristine = ensure_upstream(layout) / "python"
     out = layout.build_dir / "wheel-src"
@@ -79,20 +87,25 @@ pin = layout.pin()
 if pin.wheel:
     sys.exit(f"pin {pin.version} is wheel-only: `make wheel PIN={pin.version}`")
 src = stage(layout)
-install_requires, extras_require = upstream_requirements(
-    layout.upstream_dir / "python" / "PKG-INFO"
-)
+pkg_info = layout.upstream_dir / "python" / "PKG-INFO"
+install_requires, extras_require = upstream_requirements(pkg_info)
+long_description, long_description_content_type = upstream_long_description(pkg_info)
+# The staged tree is the project, as upstream's python/ is for its own build:
+# setuptools takes license files (and their paths in the wheel's metadata)
+# relative to the working directory, so LICENSE is recorded as `LICENSE`.
+os.chdir(src)
 # Upstream's pyproject finds namespace packages and ships every file in them.
-packages = find_namespace_packages(str(src), include=["sglang", "sglang.*"])
+packages = find_namespace_packages(include=["sglang", "sglang.*"])
 
 setup(
     name="sglang",
     version=pin.local_version,
     description=f"SGLang {pin.version} with the rlsync weight-update series",
+    long_description=long_description,
+    long_description_content_type=long_description_content_type,
     license="Apache-2.0",
-    license_files=[str((src / "LICENSE").relative_to(ROOT))],
+    license_files=["LICENSE"],
     python_requires=">=3.10",
-    package_dir={"": str(src.relative_to(ROOT))},
     packages=packages,
     package_data={"sglang": ["**/*", "**/.*", "**/.*/**/*"]},
     exclude_package_data={"": ["__pycache__/*", "*.pyc"]},

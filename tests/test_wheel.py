@@ -4,6 +4,7 @@ version, nothing else; and `python/` installable alone as the trainer-side
 
 from __future__ import annotations
 
+import email.message
 import email.parser
 import os
 import re
@@ -53,6 +54,27 @@ def upstream_metadata(upstream_tree: Path) -> str:
     return (pristine / "PKG-INFO").read_text()
 
 
+def upstream_licence(upstream_tree: Path) -> bytes:
+    """The pristine archive's licence file: the sdist's LICENSE, or the one
+    in the wheel's dist-info."""
+    pristine = upstream_tree / "python"
+    if PIN.wheel:
+        info = pristine / f"sglang-{PIN.version}.dist-info"
+        return (info / "licenses" / "LICENSE").read_bytes()
+    return (pristine / "LICENSE").read_bytes()
+
+
+def dist_info(whl: zipfile.ZipFile) -> str:
+    """The wheel's `<name>-<version>.dist-info` folder."""
+    meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+    return meta.removesuffix("/METADATA")
+
+
+def wheel_metadata(whl: zipfile.ZipFile) -> email.message.Message:
+    text = whl.read(f"{dist_info(whl)}/METADATA").decode()
+    return email.parser.Parser().parsestr(text)
+
+
 @pytest.mark.per_pin
 def test_wheel_requires_exactly_upstream(wheel, upstream_tree):
     meta = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
@@ -90,6 +112,46 @@ def test_wheel_ships_every_upstream_file_and_patched_ones(wheel, upstream_tree):
     ]
     entry = next(n for n in wheel.namelist() if n.endswith("entry_points.txt"))
     assert "rlsync" not in wheel.read(entry).decode()
+
+
+@pytest.mark.per_pin
+def test_wheel_metadata_names_upstreams_licence_file_not_a_build_path(
+    wheel, upstream_tree
+):
+    ours = wheel_metadata(wheel)
+    upstream = email.parser.Parser().parsestr(upstream_metadata(upstream_tree))
+    assert ours.get_all("License-File") == upstream.get_all("License-File")
+    assert ours.get_all("License-File") == ["LICENSE"]
+    licences = f"{dist_info(wheel)}/licenses/"
+    assert [n for n in wheel.namelist() if n.startswith(licences)] == [
+        licences + "LICENSE"
+    ]
+    assert wheel.read(licences + "LICENSE") == upstream_licence(upstream_tree)
+    assert not [n for n in wheel.namelist() if "wheel-src" in n or "build/" in n]
+
+
+@pytest.mark.per_pin
+def test_wheel_metadata_keeps_upstreams_long_description(wheel, upstream_tree):
+    ours = wheel_metadata(wheel)
+    upstream = email.parser.Parser().parsestr(upstream_metadata(upstream_tree))
+    assert ours["Description-Content-Type"] == upstream["Description-Content-Type"]
+    assert ours["Description-Content-Type"] == "text/markdown"
+    assert "SGLang" in upstream.get_payload()
+    assert ours.get_payload() == upstream.get_payload()
+
+
+def test_rlsync_wheel_ships_the_apache_licence_its_metadata_declares():
+    assert LIB_WHEEL.is_file(), f"{LIB_WHEEL} missing; `make wheel` builds it"
+    with zipfile.ZipFile(LIB_WHEEL) as whl:
+        meta = wheel_metadata(whl)
+        licences = f"{dist_info(whl)}/licenses/"
+        shipped = [n for n in whl.namelist() if n.startswith(licences)]
+        text = whl.read(licences + "LICENSE").decode() if shipped else ""
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    assert shipped == [licences + "LICENSE"]
+    assert text == (ROOT / "python" / "LICENSE").read_text()
+    assert "Apache License\n" in text and "Version 2.0, January 2004" in text
 
 
 def test_wheel_builds_with_setuptools_alone(tmp_path):
