@@ -46,7 +46,7 @@ PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) an
 .PHONY: help upstream worktree patches overlay check new-releases port port-export smoke support-matrix \
         check-releases \
         apply revert pr-branch \
-        venv wheel install test test-pin demo rl-demo soak format clean bench-cpu \
+        venv wheel install test test-pin demo serve-cpu rl-demo soak format clean bench-cpu \
         bench-memory
 
 help:
@@ -54,6 +54,8 @@ help:
 	@echo "make test PIN=<version>         the same for one pin ($(PINS))"
 	@echo "make test-fast                  venv + wheel + the tests that start no server and build nothing (under a minute)"
 	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
+	@echo "make serve-cpu [MODEL=<dir>] [TP=<n>] [PORT=<port>] [ARGS=\"<sglang flags>\"]"
+	@echo "                                the patched server on this CPU, no GPU needed (a tiny model by default); Ctrl-C stops it"
 	@echo "make rl-demo                    an RL loop (tiny Llama, GRPO-style) syncing TP 1 + TP 2 while they serve rollouts:"
 	@echo "                                reward table, docs/rl-loop.png, bench/results/rl-loop-<date>.json"
 	@echo "make soak                       30 syncs with random faults into TP 1 + TP 2 under load, checked (bench/results/)"
@@ -169,6 +171,11 @@ clean:
 
 demo: install
 	@$(VENV_PY) -m harness.demo
+
+# The CPU recipe of the tests and the demo, for a try without a GPU.
+serve-cpu: install
+	@$(VENV_PY) -m harness.serve_cpu $(if $(MODEL),--model-path "$(MODEL)") \
+	  $(if $(TP),--tp-size $(TP)) $(if $(PORT),--port $(PORT)) $(if $(ARGS),-- $(ARGS))
 
 # The plot needs matplotlib, which the suite does not: it is added to the
 # pin's environment here, at the versions examples/requirements.txt names.

@@ -50,7 +50,7 @@ SERVER_FIXTURES = {
 # module whose source matches makes those tests `server` tests.
 STARTS_A_SERVER = re.compile(
     r"\blaunch\(|cpu_sglang\.launch\b|\b_start\(|sglang\.launch_server"
-    r"|sglang\.Engine\b|harness\.(demo|soak|engine_two_phase)\b"
+    r"|sglang\.Engine\b|harness\.(demo|soak|engine_two_phase|serve_cpu)\b"
 )
 
 
