@@ -208,7 +208,7 @@ def test_wheel_in_fresh_venv_layered_on_pinned_env(tmp_path):
     assert out[2] == "True"
 
 
-def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
+def test_rlsync_alone_needs_only_torch_numpy_and_an_http_client(tmp_path):
     # Build from a copy: setuptools leaves build/ and *.egg-info beside its input.
     src = tmp_path / "src"
     shutil.copytree(
@@ -225,7 +225,8 @@ def test_rlsync_alone_needs_only_torch_and_an_http_client(tmp_path):
     with zipfile.ZipFile(whl) as zf:
         meta = next(n for n in zf.namelist() if n.endswith("METADATA"))
         reqs = [Requirement(r) for r in requires(zf.read(meta).decode())]
-        assert {r.name for r in reqs if r.marker is None} == {"torch", "httpx"}
+        # numpy: torch warns at every import without it.
+        assert {r.name for r in reqs if r.marker is None} == {"torch", "httpx", "numpy"}
         # The router is an extra: `pip install 'rlsync[router]'`.
         extra = {
             r.name for r in reqs if r.marker and r.marker.evaluate({"extra": "router"})
