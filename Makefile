@@ -72,7 +72,7 @@ help:
 	@echo "  [FROM=<release>]                starting from a nearer release's ports where it has none"
 	@echo "make port-export RELEASE=<v>    keep the patches that differ from the pin's as its port (pins/<pin>/releases/<v>/)"
 	@echo "make smoke RELEASE=<version>    the release's server smoke in its pin's environment; kept in pins/release-smokes"
-	@echo "make support-matrix             regenerate README's table of releases (pins/releases, pins/release-smokes)"
+	@echo "make support-matrix             regenerate docs/support-matrix.md's table of releases (pins/releases, pins/release-smokes)"
 	@echo "make pr-branch SGLANG_DIR=<git checkout> [AUTHOR=\"Name <mail>\"]"
 	@echo "                                branch off HEAD, one signed-off commit per patch"
 	@echo "                                (author defaults to the checkout's git user.name/user.email)"

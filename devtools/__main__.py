@@ -109,7 +109,7 @@ def cmd_overlay(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     failed = False
-    # The release map's checks (ports, the README's table); a scratch copy of
+    # The release map's checks (ports, the table of releases); a scratch copy of
     # one pin has no map.
     mapped = (_root(args) / releases.RELEASES_FILE).is_file()
     for layout in _layouts(args):
@@ -127,7 +127,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             )
     root = _root(args)
     map_problems = (
-        releases.check_map(root, series.pin_versions(root)) + matrix.check_readme(root)
+        releases.check_map(root, series.pin_versions(root)) + matrix.check_table(root)
         if mapped
         else []
     )
@@ -166,8 +166,10 @@ def cmd_check_releases(args: argparse.Namespace) -> int:
 
 
 def cmd_support_matrix(args: argparse.Namespace) -> int:
-    changed = matrix.write_readme(_root(args))
-    print(f"{matrix.README}: table of releases {'written' if changed else 'unchanged'}")
+    changed = matrix.write_table(_root(args))
+    print(
+        f"{matrix.TABLE_FILE}: table of releases {'written' if changed else 'unchanged'}"
+    )
     return 0
 
 
@@ -193,7 +195,7 @@ def cmd_smoke_pins(args: argparse.Namespace) -> int:
 def cmd_smoke_record(args: argparse.Namespace) -> int:
     layout = _layout(args)
     done = smoke.record(layout, Path(args.junit), args.environment)
-    matrix.write_readme(layout.root)
+    matrix.write_table(layout.root)
     print(
         f"{smoke.SMOKES_FILE}: {done.release} {done.result} {done.counts} {done.note}"
     )
@@ -318,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("port-export", cmd_port_export, "write a release's port from its worktree"),
         ("check-releases", cmd_check_releases, "apply each served release's series"),
         ("smoke-tree", cmd_smoke_tree, "build/<release>/smoke: a release + its series"),
-        ("support-matrix", cmd_support_matrix, "regenerate the README's releases"),
+        ("support-matrix", cmd_support_matrix, "regenerate the table of releases"),
     ):
         sub.add_parser(name, help=text).set_defaults(fn=fn)
     p = sub.add_parser("smoke-pins", help="the release's own pins its smoke installs")

@@ -2,8 +2,8 @@
 RELEASE=<version>`; the Makefile's SMOKE_TESTS): the release's pristine wheel
 with its series applied (build/<release>/smoke/python), run by the serving
 pin's test environment in place of the pin's forked wheel; the result is kept
-per release in pins/release-smokes, which the README's table of releases is
-generated from.
+per release in pins/release-smokes, which the table of releases in
+docs/support-matrix.md is generated from.
 
 Standard library only, as the rest of devtools.
 """

@@ -148,7 +148,7 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(
                     pytest.mark.skip(
                         reason=f"the {ACTIVE_PIN} series has no "
-                        f"{', '.join(missing)} (README: support matrix)"
+                        f"{', '.join(missing)} (docs/support-matrix.md)"
                     )
                 )
         function = getattr(item, "function", None)

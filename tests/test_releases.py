@@ -304,7 +304,9 @@ def test_ports_must_be_where_the_map_says_and_nowhere_else(tmp_path):
 def test_a_smoke_result_is_kept_per_release_and_shown_in_the_table(tmp_path):
     root = copy_of_pins(tmp_path)
     begin, end = matrix.BEGIN, matrix.END
-    (root / "README.md").write_text(f"# x\n\n{begin}{end}\nafter\n")
+    page = root / matrix.TABLE_FILE
+    page.parent.mkdir(parents=True)
+    page.write_text(f"# x\n\n{begin}{end}\nafter\n")
     release = SERVED[0].version
     junit = tmp_path / "smoke.xml"
     junit.write_text(
@@ -318,12 +320,12 @@ def test_a_smoke_result_is_kept_per_release_and_shown_in_the_table(tmp_path):
     done = smoke.record(ran, junit, "0.5.x's test environment")
     assert (done.result, done.counts) == ("fail", "2/3")
     assert done.note == "in 0.5.x's test environment; failed: test_sync[b]"
-    assert matrix.check_readme(root) == [
-        "README.md: the table of releases is stale: `make support-matrix`"
+    assert matrix.check_table(root) == [
+        "docs/support-matrix.md: the table of releases is stale: `make support-matrix`"
     ]
-    assert matrix.write_readme(root)
-    assert matrix.check_readme(root) == []
-    table = (root / "README.md").read_text()
+    assert matrix.write_table(root)
+    assert matrix.check_table(root) == []
+    table = page.read_text()
     assert f"| {release} | " in table
     assert (
         f"fail 2/3, {done.date}, in 0.5.x's test environment; failed: test_sync[b] |"
@@ -334,22 +336,54 @@ def test_a_smoke_result_is_kept_per_release_and_shown_in_the_table(tmp_path):
     # A smoke says what it ran: once the series changes, the table says so.
     patch = ran.patches()[0]
     patch.write_text(patch.read_text() + "\n")
-    matrix.write_readme(root)
-    assert (
-        f"| stale: the series changed since (fail 2/3, {done.date}"
-        in (root / "README.md").read_text()
+    matrix.write_table(root)
+    assert f"| stale: the series changed since (fail 2/3, {done.date}" in (
+        page.read_text()
     )
     # A smoke of a release no series serves, a second table: named.
     with open(root / releases.RELEASES_FILE, "a") as f:
         f.write("0.5.99  -  none  no series yet\n")
-    matrix.write_readme(root)
+    matrix.write_table(root)
     with open(root / smoke.SMOKES_FILE, "a") as f:
         f.write("0.5.99 2026-01-01 pass 8/8 series=abc in x\n")
-    (root / "README.md").write_text((root / "README.md").read_text() + begin + end)
-    assert matrix.check_readme(root) == [
+    page.write_text(page.read_text() + begin + end)
+    assert matrix.check_table(root) == [
         f"{smoke.SMOKES_FILE}: 0.5.99 is no release a series serves",
-        "README.md: one generated table of releases, not several",
+        "docs/support-matrix.md: one generated table of releases, not several",
     ]
+
+
+def test_the_table_of_releases_lives_in_the_support_matrix_page_alone(tmp_path):
+    """The generated table is in docs/support-matrix.md and nowhere else: a
+    copy left in the README (where it used to be) or in another page is
+    named, and a page without the table says which markers it lacks."""
+    root = copy_of_pins(tmp_path)
+    (root / "docs").mkdir()
+    (root / matrix.TABLE_FILE).write_text(
+        f"# Support matrix\n\n{matrix.BEGIN}{matrix.END}"
+    )
+    matrix.write_table(root)
+    assert matrix.check_table(root) == []
+    (root / "README.md").write_text(f"# rlsync\n\n{matrix.BEGIN}{matrix.END}")
+    (root / "docs" / "other.md").write_text(f"{matrix.BEGIN}| old |\n{matrix.END}")
+    assert matrix.check_table(root) == [
+        "README.md: holds a generated table of releases; the one table is in "
+        "docs/support-matrix.md",
+        "docs/other.md: holds a generated table of releases; the one table is in "
+        "docs/support-matrix.md",
+    ]
+    (root / matrix.TABLE_FILE).write_text("# Support matrix\n")
+    assert matrix.check_table(root)[0] == (
+        f"docs/support-matrix.md: no generated table of releases ({matrix.BEGIN.strip()})"
+    )
+    with pytest.raises(series.SeriesError, match="docs/support-matrix.md: no "):
+        matrix.write_table(root)
+
+
+def test_the_repository_has_its_table_of_releases_current_and_in_one_place():
+    """What `make check` runs on this checkout: the table in
+    docs/support-matrix.md matches pins/releases and pins/release-smokes."""
+    assert matrix.check_table(ROOT) == []
 
 
 def test_a_port_is_made_again_from_a_pin_patch_that_changed(tmp_path):
