@@ -89,20 +89,9 @@ def cmd_sync_disk(args: argparse.Namespace) -> int:
     return 0 if all(r.success for r in results) else 1
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["router"]:  # its own options: `rlsync router --help`
-        try:
-            from rlsync.services import router
-        except ImportError as e:
-            print(
-                f"error: the router needs the [router] extra ({e}): "
-                "pip install 'rlsync[router]' (from a clone: pip install "
-                "'./python[router]')",
-                file=sys.stderr,
-            )
-            return 2
-        return router.main(argv[1:])
+def build_parser() -> argparse.ArgumentParser:
+    """The `rlsync` command's parser; `rlsync router` takes its own options
+    (`rlsync.services.router.build_parser`)."""
     parser = argparse.ArgumentParser(prog="rlsync", description=__doc__)
     parser.add_argument(
         "--version",
@@ -145,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--vllm-api-key", help="vLLM API key")
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(fn=cmd_sync_disk)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """`argv` (not `router ...`) as `main` reads it: an option the command
+    lacks or a URL without a scheme exits 2, naming it."""
+    parser = build_parser()
     # URLs are checked after parsing: an option the command lacks is then
     # reported as such, not as a URL without a scheme (the value after it).
     args, unknown = parser.parse_known_args(argv)
@@ -155,6 +151,24 @@ def main(argv: list[str] | None = None) -> int:
             engine_url(url)
         except argparse.ArgumentTypeError as e:
             parser.error(f"argument URL: {e}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["router"]:  # its own options: `rlsync router --help`
+        try:
+            from rlsync.services import router
+        except ImportError as e:
+            print(
+                f"error: the router needs the [router] extra ({e}): "
+                "pip install 'rlsync[router]' (from a clone: pip install "
+                "'./python[router]')",
+                file=sys.stderr,
+            )
+            return 2
+        return router.main(argv[1:])
+    args = parse_args(argv)
     return args.fn(args)
 
 

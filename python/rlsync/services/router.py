@@ -867,7 +867,8 @@ def create_app(config: RouterConfig) -> FastAPI:
     return app
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`rlsync router`'s options."""
     ap = argparse.ArgumentParser(
         prog="rlsync router", description=__doc__.split("\n\n", 1)[0]
     )
@@ -906,6 +907,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         default=DEFAULT_MAX_BODY_BYTES >> 20,
         help="largest admin request body in MiB, then 413",
     )
+    return ap
+
+
+def parse_args(
+    argv: Optional[list[str]], ap: Optional[argparse.ArgumentParser] = None
+) -> argparse.Namespace:
+    """`rlsync router`'s arguments, read by `ap` (default: `build_parser()`):
+    a flag the router lacks or a worker URL without a scheme exits 2, naming
+    it."""
+    ap = ap or build_parser()
     # URLs are checked after parsing: a flag the router lacks is reported as
     # such, not as a URL without a scheme (the value after it).
     args, unknown = ap.parse_known_args(argv)
@@ -916,6 +927,12 @@ def main(argv: Optional[list[str]] = None) -> int:
             engine_url(url)
         except argparse.ArgumentTypeError as e:
             ap.error(f"argument WORKER_URL: {e}")
+    return args
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = build_parser()
+    args = parse_args(argv, ap)
     logging.basicConfig(
         level=logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
