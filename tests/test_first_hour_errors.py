@@ -204,6 +204,10 @@ def test_a_401_on_an_ordinary_route_says_it_takes_the_api_key(keys, advice):
         (["status", "127.0.0.1:9"], "argument URL: '127.0.0.1:9' needs a scheme"),
         (["sync-disk", "--path", "/m", "--vllm", "h:1"], "'h:1' needs a scheme"),
         (["router", "--bogus", "x", NOBODY], "unrecognized arguments: --bogus"),
+        (["doctor", NOBODY, "--admin-key"], "argument --admin-key: expected one"),
+        (["doctor", "--api-key", NOBODY], "the following arguments are required: URL"),
+        (["doctor", "--backend", "mpi", NOBODY], "argument --backend: invalid choice"),
+        (["doctor", "h:1", "--admin-key", "k"], "'h:1' needs a scheme"),
     ],
 )
 def test_a_flag_a_command_lacks_gets_argparse_s_message(argv, said, capsys):
@@ -211,6 +215,20 @@ def test_a_flag_a_command_lacks_gets_argparse_s_message(argv, said, capsys):
         cli.main(argv)
     assert exit_.value.code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["doctor", "--admin-key", "a", "--api-key", "k", NOBODY],
+        ["doctor", NOBODY, "--admin-key", "a", "--api-key", "k"],
+        ["doctor", "--admin-key=a", NOBODY, "--api-key=k", "--timeout", "1"],
+    ],
+)
+def test_doctor_takes_its_options_before_or_after_the_url(argv, capsys):
+    """Nothing listens: the doctor runs and says so (exit 1)."""
+    assert cli.main(argv) == 1
+    assert "FAIL  reachable" in capsys.readouterr().out
 
 
 def test_connect_wait_that_ran_out_names_the_knob(stand_in):

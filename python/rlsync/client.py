@@ -756,14 +756,38 @@ def rlsync_info(
     return body
 
 
+def server_info(
+    url: str, *, timeout: float = 10.0, api_key: Optional[str] = None
+) -> dict[str, Any]:
+    """`/server_info` (`/get_server_info` where a server has only that): its
+    arguments (keys redacted by the series; an unset key stays None), the
+    SGLang `version`, and the series' `rlsync` block."""
+    try:
+        info = call(url, "/server_info", method="GET", timeout=timeout, api_key=api_key)
+        endpoint = "/server_info"
+    except EngineError as e:
+        if e.status != 404:
+            raise
+        endpoint = "/get_server_info"
+        info = call(url, endpoint, method="GET", timeout=timeout, api_key=api_key)
+    if not isinstance(info, dict):
+        raise EngineError(url, endpoint, 200, f"not a JSON object: {info!r}")
+    return info
+
+
 def update_group_ranks(
     url: str, *, timeout: float = 10.0, api_key: Optional[str] = None
 ) -> int:
-    """The ranks the server brings to an update group, from `/server_info`:
-    dp_size * tp_size (attention data parallelism shares the TP ranks)."""
+    """The ranks the server brings to an update group, from `/server_info`."""
     info = call(url, "/server_info", method="GET", timeout=timeout, api_key=api_key)
     if not isinstance(info, dict):
         raise EngineError(url, "/server_info", 200, f"not a JSON object: {info!r}")
+    return group_ranks(url, info)
+
+
+def group_ranks(url: str, info: dict[str, Any]) -> int:
+    """The ranks in a server's `/server_info` answer: dp_size * tp_size
+    (attention data parallelism shares the TP ranks)."""
     tp, dp = info.get("tp_size"), info.get("dp_size", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tp, dp)):
         raise EngineError(url, "/server_info", 200, f"tp_size {tp!r}, dp_size {dp!r}")
