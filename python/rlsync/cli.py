@@ -1,6 +1,7 @@
 """`rlsync` command line: a look at running engines (`status`), whether this
-trainer and those engines can sync weights (`doctor`), a disk reload on all
-of them at once (`sync-disk`), and the admin router (`router`).
+trainer and those engines can sync weights (`doctor`), whether they hold the
+same weights (`checksum`), a disk reload on all of them at once
+(`sync-disk`), and the admin router (`router`).
 
 Patch-series maintenance is developer tooling of the repository
 (`make check|apply|...`), not part of this package.
@@ -87,6 +88,42 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     )
 
 
+def cmd_checksum(args: argparse.Namespace) -> int:
+    """Every engine's weights checksum and whether they agree. Exit 1 when
+    an engine gives none, or they differ. Checksums are per TP rank (shards):
+    only engines of the same TP size compare."""
+    from rlsync import client
+
+    found: dict[str, tuple[str, int]] = {}
+    for url in args.urls:
+        try:
+            body = client.weights_checksum(
+                url,
+                timeout=args.timeout,
+                admin_key=_admin_key(args),
+                api_key=_api_key(args),
+            )
+        except client.EngineError as e:
+            print(f"{url}  FAILED: {e}")
+            continue
+        ranks = len(body["rank_results"])
+        found[url] = (body["checksum"], ranks)
+        print(
+            f"{url}  {body['checksum']}  ({body['num_tensors']} tensors, {ranks} ranks)"
+        )
+    if len(found) < len(args.urls):
+        return 1
+    if len({ranks for _, ranks in found.values()}) > 1:
+        print("not comparable: the engines have different TP sizes")
+        return 1
+    if len({checksum for checksum, _ in found.values()}) > 1:
+        print("DIFFER: the engines do not hold the same weights")
+        return 1
+    if len(found) > 1:
+        print(f"same: all {len(found)} engines report the same checksum")
+    return 0
+
+
 def cmd_sync_disk(args: argparse.Namespace) -> int:
     """Every engine reloads --path at once; one line per engine; exit 1
     when any failed."""
@@ -165,6 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     add_api_key_option(p)
     add_admin_key_option(p)
     p.set_defaults(fn=cmd_doctor)
+    p = sub.add_parser(
+        "checksum",
+        help="every engine's weights checksum, and whether they hold the same weights",
+    )
+    p.add_argument("urls", nargs="+", metavar="URL")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds per engine (it serves no tokens while it hashes)",
+    )
+    add_api_key_option(p)
+    add_admin_key_option(p)
+    p.set_defaults(fn=cmd_checksum)
     p = sub.add_parser("sync-disk", help="reload a checkpoint on every engine at once")
     p.add_argument(
         "--path", required=True, help="checkpoint directory as the engines see it"
