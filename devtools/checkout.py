@@ -18,7 +18,9 @@ of apply, byte for byte.
 from __future__ import annotations
 
 import ast
+import base64
 import email.utils
+import json
 import os
 import re
 import subprocess
@@ -394,12 +396,22 @@ def _advice(target: Target, rels: list[str]) -> str:
     )
 
 
+# Beside the files a write changes, their contents before it: written (whole,
+# by rename) before the first change and removed after the last, so a write
+# that was killed (SIGKILL, a second Ctrl-C, a lost machine) is undone by the
+# next apply or revert instead of leaving a half-patched tree.
+UNDO_JOURNAL = ".rlsync-undo.json"
+
+
 def _write(target: Target, changes: Contents) -> None:
     """Write (bytes) or remove (None) files, all or nothing: every target is
-    checked for write access first, and a write that fails anyway (disk
-    full, an interrupt) puts back every file already written before the
-    error is raised. Empty directories left by a removal are removed too, up
-    to the sglang package."""
+    checked for write access first; the files' contents before are kept in
+    the undo journal until every write is done; a write that fails anyway
+    (disk full, an interrupt) puts back every file already written before
+    the error is raised. Each file is replaced by a rename, never rewritten
+    in place: a hard-linked copy elsewhere (an installer's cache, another
+    environment) keeps its contents. Empty directories left by a removal are
+    removed too, up to the sglang package."""
     paths = {rel: target.path(rel) for rel in changes}  # all mapped before writing
     refused = [rel for rel, path in sorted(paths.items()) if not _writable(path)]
     if refused:
@@ -409,23 +421,65 @@ def _write(target: Target, changes: Contents) -> None:
             "tree you can write to (for site-packages, the environment's owner)"
         )
     before = _snapshot(target, list(changes))
+    journal = target.package / UNDO_JOURNAL
+    _replace(journal, _journal_bytes(before))
     done: list[str] = []
     try:
         for rel, data in sorted(changes.items()):
             done.append(rel)
             _put(target, paths[rel], data)
     except BaseException as e:
-        for rel in reversed(done):
-            try:
-                _put(target, paths[rel], before[rel])
-            except OSError:
-                pass
+        _put_back(target, {rel: before[rel] for rel in done})
+        journal.unlink(missing_ok=True)
         if isinstance(e, OSError):
             raise CheckoutError(
                 f"writing {done[-1]} in {target.root} failed ({e}); the files "
                 "written before it were put back, nothing was changed"
             ) from e
         raise
+    journal.unlink()
+
+
+def _journal_bytes(before: Contents) -> bytes:
+    files = {
+        rel: None if data is None else base64.b64encode(data).decode()
+        for rel, data in before.items()
+    }
+    return json.dumps({"rlsync_undo": 1, "files": files}).encode()
+
+
+def _put_back(target: Target, before: Contents) -> None:
+    for rel, data in sorted(before.items(), reverse=True):
+        try:
+            _put(target, target.path(rel), data)
+        except OSError:
+            pass
+
+
+def undo_interrupted_write(target: Target) -> str:
+    """Put back the files of a write that was killed before it finished (its
+    undo journal is still there): "" if there was none, else what was done."""
+    journal = target.package / UNDO_JOURNAL
+    if not journal.is_file():
+        return ""
+    try:
+        files = json.loads(journal.read_bytes())["files"]
+        before = {
+            rel: None if text is None else base64.b64decode(text)
+            for rel, text in files.items()
+        }
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckoutError(
+            f"{journal}: an unreadable undo journal of an interrupted apply or "
+            f"revert ({e}); nothing was changed: reinstall SGLang, or remove "
+            "the file if the tree is known to be whole"
+        ) from e
+    _put_back(target, before)
+    journal.unlink()
+    return (
+        f"an apply or revert that was interrupted was undone first "
+        f"({len(before)} files put back); "
+    )
 
 
 def _writable(path: Path) -> bool:
@@ -451,7 +505,26 @@ def _put(target: Target, path: Path, data: bytes | None) -> None:
             parent = parent.parent
     else:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
+        _replace(path, data)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """`path` holds `data`, by a rename of a new file over it (keeping its
+    mode): whole or not at all, and no hard link to it changes."""
+    mode = path.stat().st_mode & 0o7777 if path.is_file() else None
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if mode is None:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _changed(before: Contents, after: Contents) -> Contents:
@@ -463,14 +536,15 @@ def _changed(before: Contents, after: Contents) -> Contents:
 
 def _prepare(
     tree: Path, pin: Pin, patches: list[Path], generated: dict[str, str] | None
-) -> tuple[Target, dict[str, str], list[str]]:
-    """The checked tree, the generated modules and the files the series
-    touches: what apply and revert start from."""
+) -> tuple[Target, dict[str, str], list[str], str]:
+    """The checked tree, the generated modules, the files the series
+    touches, and what was undone of an interrupted write: what apply and
+    revert start from."""
     target = check_tree(tree, pin)
     generated = _generated_for(patches, generated)
     rels = series_files(patches)
     _check_generated(generated, rels)
-    return target, generated, rels
+    return target, generated, rels, undo_interrupted_write(target)
 
 
 def apply_series(
@@ -479,9 +553,9 @@ def apply_series(
     patches: list[Path],
     generated: dict[str, str] | None = None,
 ) -> str:
-    target, generated, rels = _prepare(tree, pin, patches, generated)
+    target, generated, rels, undone = _prepare(tree, pin, patches, generated)
     if not patches and not generated:
-        return "the series is empty; nothing to apply"
+        return undone + "the series is empty; nothing to apply"
     current = _snapshot(target, rels)
     how = ""
     result, _ = _run_patches(current, list(reversed(patches)), "--reverse")
@@ -507,13 +581,13 @@ def apply_series(
     _write(target, {**changes, **gen_changes})
     gen_note = f"; {len(gen_changes)} generated files written" if gen_changes else ""
     if not changes:
-        return (
+        return undone + (
             f"the series ({len(patches)} patches) is already applied to "
             f"{target.root}{gen_note}"
         )
     dirty = _uncommitted(target, [r for r in rels if current[r] is not None])
     kept = f"; uncommitted edits kept in {', '.join(dirty)}" if how and dirty else ""
-    return (
+    return undone + (
         f"applied {len(patches)} patches to {target.kind} {target.root}{how}"
         f"{gen_note}{kept}"
     )
@@ -525,9 +599,9 @@ def revert_series(
     patches: list[Path],
     generated: dict[str, str] | None = None,
 ) -> str:
-    target, generated, rels = _prepare(tree, pin, patches, generated)
+    target, generated, rels, undone = _prepare(tree, pin, patches, generated)
     if not patches and not generated:
-        return "the series is empty; nothing to revert"
+        return undone + "the series is empty; nothing to revert"
     current = _snapshot(target, rels)
     how = ""
     result, why = _run_patches(current, list(reversed(patches)), "--reverse")
@@ -553,10 +627,10 @@ def revert_series(
     _write(target, {**changes, **gen_removed})
     gen_note = f"; {len(gen_removed)} generated files removed" if gen_removed else ""
     if not changes:
-        return (
+        return undone + (
             f"the series is not applied to {target.root}; nothing to revert{gen_note}"
         )
-    return f"reverted {len(patches)} patches from {target.root}{how}{gen_note}"
+    return undone + f"reverted {len(patches)} patches from {target.root}{how}{gen_note}"
 
 
 def _user_config(repo: Path, key: str) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -298,22 +299,22 @@ def test_git_checkout_with_a_local_commit_on_the_release_tag(tree):
 
 def test_git_checkout_of_another_release_is_refused_naming_both(tree):
     as_git_clone(tree)
-    (tree / "README.md").write_text("SGLang 0.5.11\n")
-    sh(tree, "commit", "-qam", "release 0.5.11")
-    sh(tree, "tag", "v0.5.11")  # v0.5.10 is an ancestor; 0.5.11 is nearer
+    (tree / "README.md").write_text("SGLang 0.5.99\n")
+    sh(tree, "commit", "-qam", "release 0.5.99")
+    sh(tree, "tag", "v0.5.99")  # v0.5.10 is an ancestor; 0.5.99 is nearer
     sh(tree, "commit", "-q", "--allow-empty", "-m", "a local commit")
     proc = make("apply", tree)
     assert proc.returncode != 0
-    assert "SGLang 0.5.11 found, which no series serves yet" in proc.stderr
-    assert "0.5.10's stops at 0003 (health)" in proc.stderr
-    assert f"the series serve {', '.join(releases.supported(ROOT))}" in proc.stderr
+    assert "SGLang 0.5.99 found" in proc.stderr
+    assert "1 commits on v0.5.99" in proc.stderr
+    assert f"the series is for {', '.join(releases.supported(ROOT))}" in proc.stderr
     assert status(tree) == ""
     # Named to the series of another release, it says what the tree has.
     proc = make("apply", tree, PIN="0.5.10")
     assert proc.returncode != 0
-    assert "SGLang 0.5.11 found" in proc.stderr
-    assert "1 commits on v0.5.11" in proc.stderr
-    assert "the series is for 0.5.10, 0.5.10.post1" in proc.stderr
+    assert "SGLang 0.5.99 found" in proc.stderr
+    assert "1 commits on v0.5.99" in proc.stderr
+    assert "the series is for 0.5.10, 0.5.10.post1, 0.5.11" in proc.stderr
     assert status(tree) == ""
 
 
@@ -548,6 +549,71 @@ def test_a_write_that_fails_midway_puts_every_file_back(tmp_path, upstream_tree)
     assert "staged_receiver.py" in proc.stderr
     assert "put back, nothing was changed" in proc.stderr
     assert files_of(tree) == before
+
+
+# `make apply` (or revert) killed after `files` files were written: no
+# exception, no rollback, as a SIGKILL or a machine going away.
+KILLED_AFTER = """
+import os, sys
+from devtools import __main__ as devtools, checkout
+put, files = checkout._put, int(sys.argv[1])
+def put_then_die(*args):
+    global files
+    if files == 0:
+        os._exit(9)
+    files -= 1
+    put(*args)
+checkout._put = put_then_die
+devtools.main(sys.argv[2:])
+"""
+
+
+def killed_after(files: int, command: str, tree: Path) -> int:
+    return subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER, str(files), command, str(tree)],
+        cwd=ROOT,
+        capture_output=True,
+    ).returncode
+
+
+@pytest.mark.parametrize("command", ["apply", "revert"])
+def test_an_apply_or_revert_killed_midway_is_undone_by_the_next_one(
+    tmp_path, upstream_tree, command
+):
+    """A write killed between two files (no exception to roll back from)
+    leaves its undo journal; the next apply or revert puts every file back
+    first, so the tree is never left half-patched."""
+    tree = tmp_path / "plain"
+    shutil.copytree(upstream_tree / "python", tree / "python")
+    pristine = files_of(tree)
+    if command == "revert":
+        assert make("apply", tree).returncode == 0
+    before = files_of(tree)
+    assert killed_after(3, command, tree) == 9
+    assert files_of(tree) != before  # half-written, the journal beside it
+    again = make("revert", tree)
+    assert again.returncode == 0, again.stderr
+    assert "interrupted was undone first" in again.stdout
+    assert files_of(tree) == pristine
+    assert make("apply", tree).returncode == 0
+    assert make("revert", tree).returncode == 0
+    assert files_of(tree) == pristine
+
+
+def test_apply_leaves_a_hard_linked_copy_of_the_tree_as_it_was(tmp_path, upstream_tree):
+    """Installers link one copy of a package into many environments (uv
+    does, by hard link): patching one environment changes no other."""
+    shared = tmp_path / "cache"
+    shutil.copytree(upstream_tree / "python", shared / "python")
+    linked = tmp_path / "venv"
+    subprocess.run(["cp", "-al", str(shared), str(linked)], check=True)
+    before = files_of(shared)
+    mode = (linked / "python/sglang/srt/server_args.py").stat().st_mode
+    assert make("apply", linked).returncode == 0
+    assert files_of(shared) == before
+    assert (linked / "python/sglang/srt/server_args.py").stat().st_mode == mode
+    assert make("revert", linked).returncode == 0
+    assert files_of(linked) == before
 
 
 def test_pr_branch_whose_commit_hook_refuses_leaves_no_branch(tree):

@@ -348,7 +348,7 @@ def test_router_admin_key_and_forwarded_authorization(keyed_server, router_facto
         router.url + "/weights_checker", json=checksum, headers=right, timeout=60
     )
     assert resp.status_code == 200, resp.text  # the worker saw the forwarded key
-    answer = resp.json()  # the series' own checksum, or upstream's (0.5.11 on)
+    answer = resp.json()  # the series' own checksum, or upstream's (0.5.12 on)
     assert answer.get("checksum", "").startswith("sha256:") or answer.get(
         "per_engine_checksum"
     ), answer

@@ -1,5 +1,7 @@
-"""`rlsync` command line: a look at running engines (`status`), a disk reload
-on all of them at once (`sync-disk`), and the admin router (`router`).
+"""`rlsync` command line: a look at running engines (`status`), whether this
+trainer and those engines can sync weights (`doctor`), whether they hold the
+same weights (`checksum`), a disk reload on all of them at once
+(`sync-disk`), and the admin router (`router`).
 
 Patch-series maintenance is developer tooling of the repository
 (`make check|apply|...`), not part of this package.
@@ -21,6 +23,18 @@ def engine_url(text: str) -> str:
             f"{text!r} needs a scheme: http://{text} or https://{text}"
         )
     return text
+
+
+def add_api_key_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api-key", help="the engines' --api-key (default: $SGLANG_API_KEY)"
+    )
+
+
+def add_admin_key_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--admin-key", help="SGLang admin key (default: $SGLANG_ADMIN_API_KEY)"
+    )
 
 
 def _admin_key(args: argparse.Namespace) -> str | None:
@@ -58,6 +72,56 @@ def cmd_status(args: argparse.Namespace) -> int:
             in_flight = body.strip()[:200] or "-"
         print(f"{url}  {state} (HTTP {code})  weight_version={version}  {in_flight}")
     return worst
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """The trainer's torch, CUDA and NCCL, what each engine runs, and per
+    engine whether a sync can work; exit 1 when a check fails."""
+    from rlsync.doctor import doctor
+
+    return doctor(
+        args.urls,
+        backend=args.backend,
+        admin_key=_admin_key(args),
+        api_key=_api_key(args),
+        timeout=args.timeout,
+    )
+
+
+def cmd_checksum(args: argparse.Namespace) -> int:
+    """Every engine's weights checksum and whether they agree. Exit 1 when
+    an engine gives none, or they differ. Checksums are per TP rank (shards):
+    only engines of the same TP size compare."""
+    from rlsync import client
+
+    found: dict[str, tuple[str, int]] = {}
+    for url in args.urls:
+        try:
+            body = client.weights_checksum(
+                url,
+                timeout=args.timeout,
+                admin_key=_admin_key(args),
+                api_key=_api_key(args),
+            )
+        except client.EngineError as e:
+            print(f"{url}  FAILED: {e}")
+            continue
+        ranks = len(body["rank_results"])
+        found[url] = (body["checksum"], ranks)
+        print(
+            f"{url}  {body['checksum']}  ({body['num_tensors']} tensors, {ranks} ranks)"
+        )
+    if len(found) < len(args.urls):
+        return 1
+    if len({ranks for _, ranks in found.values()}) > 1:
+        print("not comparable: the engines have different TP sizes")
+        return 1
+    if len({checksum for checksum, _ in found.values()}) > 1:
+        print("DIFFER: the engines do not hold the same weights")
+        return 1
+    if len(found) > 1:
+        print(f"same: all {len(found)} engines report the same checksum")
+    return 0
 
 
 def cmd_sync_disk(args: argparse.Namespace) -> int:
@@ -109,10 +173,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("urls", nargs="+", metavar="URL")
     p.add_argument("--timeout", type=float, default=10.0)
-    p.add_argument(
-        "--api-key", help="the engines' --api-key (default: $SGLANG_API_KEY)"
-    )
+    add_api_key_option(p)
     p.set_defaults(fn=cmd_status)
+    p = sub.add_parser(
+        "doctor",
+        help="versions on both sides, and whether each engine can sync with "
+        "this trainer",
+    )
+    p.add_argument("urls", nargs="+", metavar="URL")
+    p.add_argument(
+        "--backend",
+        choices=("nccl", "gloo"),
+        help="the trainer's WeightSender(backend=) (default: nccl where torch "
+        "sees a GPU, else gloo)",
+    )
+    p.add_argument("--timeout", type=float, default=10.0)
+    add_api_key_option(p)
+    add_admin_key_option(p)
+    p.set_defaults(fn=cmd_doctor)
+    p = sub.add_parser(
+        "checksum",
+        help="every engine's weights checksum, and whether they hold the same weights",
+    )
+    p.add_argument("urls", nargs="+", metavar="URL")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=300.0,
+        help="seconds per engine (it serves no tokens while it hashes)",
+    )
+    add_api_key_option(p)
+    add_admin_key_option(p)
+    p.set_defaults(fn=cmd_checksum)
     p = sub.add_parser("sync-disk", help="reload a checkpoint on every engine at once")
     p.add_argument(
         "--path", required=True, help="checkpoint directory as the engines see it"
@@ -128,9 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--weight-version", help="version the SGLang engines report afterwards"
     )
-    p.add_argument(
-        "--admin-key", help="SGLang admin key (default: $SGLANG_ADMIN_API_KEY)"
-    )
+    add_admin_key_option(p)
     p.add_argument("--vllm-api-key", help="vLLM API key")
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(fn=cmd_sync_disk)

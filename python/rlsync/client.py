@@ -164,13 +164,56 @@ def call(
     if resp.status_code >= 400:
         message = error_message(body)
         if resp.status_code == 401:
-            message += ": " + _key_advice(admin_key, api_key)
+            message += ": " + key_advice(endpoint, admin_key, api_key)
         raise EngineError(url, endpoint, resp.status_code, message, body)
     return body
 
 
-def _key_advice(admin_key: Optional[str], api_key: Optional[str]) -> str:
-    """What a 401 means for the key this call sent."""
+# Routes a server of the series guards as admin routes (upstream's
+# AuthLevel.ADMIN_OPTIONAL): its admin key where it has one, else its
+# --api-key, else none.
+ADMIN_ROUTES = frozenset(
+    {
+        "/abort_weights_update",
+        "/begin_weight_update",
+        "/complete_weights_update",
+        "/continue_generation",
+        "/destroy_weights_update_group",
+        "/end_weight_update",
+        "/flush_cache",
+        "/get_weights_by_name",
+        "/init_weights_update_group",
+        "/pause_generation",
+        "/prepare_weights_update",
+        "/update_weight_version",
+        "/update_weights_from_disk",
+        "/update_weights_from_distributed",
+        "/update_weights_from_tensor",
+        "/weights_checker",
+    }
+)
+# Ordinary routes: the server's --api-key where it has one, never its admin key.
+ORDINARY_ROUTES = frozenset(
+    {"/get_model_info", "/get_server_info", "/model_info", "/server_info"}
+)
+# Where a server reads its keys, and where rlsync takes them.
+SERVER_ADMIN_KEY = "its --admin-api-key or $SGLANG_ADMIN_API_KEY where it was started"
+PASS_ADMIN_KEY = (
+    "Engine(url, tp_size, admin_key=...), or rlsync's --admin-key or "
+    "$SGLANG_ADMIN_API_KEY"
+)
+PASS_API_KEY = (
+    "Engine(url, tp_size, api_key=...), or rlsync's --api-key or $SGLANG_API_KEY"
+)
+
+
+def key_advice(endpoint: str, admin_key: Optional[str], api_key: Optional[str]) -> str:
+    """What a 401 from `endpoint` means for the key the call sent: which key
+    the server expects there and where it reads it."""
+    if endpoint in ADMIN_ROUTES:
+        return _admin_route_advice(endpoint, admin_key, api_key)
+    if endpoint in ORDINARY_ROUTES:
+        return _ordinary_route_advice(endpoint, admin_key, api_key)
     sent = (
         "the admin key given (admin_key) was refused"
         if admin_key
@@ -179,11 +222,52 @@ def _key_advice(admin_key: Optional[str], api_key: Optional[str]) -> str:
         )
     )
     return (
-        f"{sent}. Admin routes take the server's admin key (--admin-api-key or "
-        f"$SGLANG_ADMIN_API_KEY where it was started) if it has one, else its "
-        f"--api-key; other routes take its --api-key: Engine(url, tp_size, "
-        f"admin_key=..., api_key=...), or rlsync's --admin-key/--api-key"
+        f"{sent}. Admin routes take the server's admin key ({SERVER_ADMIN_KEY}) "
+        f"if it has one, else its --api-key; other routes take its --api-key: "
+        f"{PASS_ADMIN_KEY}; {PASS_API_KEY}"
     )
+
+
+def _admin_route_advice(
+    endpoint: str, admin_key: Optional[str], api_key: Optional[str]
+) -> str:
+    expected = (
+        f"{endpoint} is an admin route: the server takes its admin key there "
+        f"({SERVER_ADMIN_KEY}), or its --api-key if it has no admin key"
+    )
+    if admin_key:
+        return (
+            f"{expected}; the admin key given (admin_key) was refused: it must "
+            f"equal the server's --admin-api-key, or its --api-key where it has "
+            f"no admin key"
+        )
+    if api_key:
+        return (
+            f"{expected}; the API key given (api_key) was refused: a server with "
+            f"an admin key takes only that key on admin routes, so pass the admin "
+            f"key ({PASS_ADMIN_KEY})"
+        )
+    return f"{expected}; no key was sent: pass the admin key ({PASS_ADMIN_KEY})"
+
+
+def _ordinary_route_advice(
+    endpoint: str, admin_key: Optional[str], api_key: Optional[str]
+) -> str:
+    expected = (
+        f"{endpoint} is an ordinary route: the server takes its --api-key there, "
+        f"never its admin key"
+    )
+    if admin_key:
+        return (
+            f"{expected}; the admin key (admin_key) was sent in its place: pass "
+            f"the --api-key alone ({PASS_API_KEY})"
+        )
+    if api_key:
+        return (
+            f"{expected}; the API key given (api_key) was refused: it must equal "
+            f"the server's --api-key"
+        )
+    return f"{expected}; no key was sent: pass the API key ({PASS_API_KEY})"
 
 
 def error_message(body: Any) -> str:
@@ -672,14 +756,38 @@ def rlsync_info(
     return body
 
 
+def server_info(
+    url: str, *, timeout: float = 10.0, api_key: Optional[str] = None
+) -> dict[str, Any]:
+    """`/server_info` (`/get_server_info` where a server has only that): its
+    arguments (keys redacted by the series; an unset key stays None), the
+    SGLang `version`, and the series' `rlsync` block."""
+    try:
+        info = call(url, "/server_info", method="GET", timeout=timeout, api_key=api_key)
+        endpoint = "/server_info"
+    except EngineError as e:
+        if e.status != 404:
+            raise
+        endpoint = "/get_server_info"
+        info = call(url, endpoint, method="GET", timeout=timeout, api_key=api_key)
+    if not isinstance(info, dict):
+        raise EngineError(url, endpoint, 200, f"not a JSON object: {info!r}")
+    return info
+
+
 def update_group_ranks(
     url: str, *, timeout: float = 10.0, api_key: Optional[str] = None
 ) -> int:
-    """The ranks the server brings to an update group, from `/server_info`:
-    dp_size * tp_size (attention data parallelism shares the TP ranks)."""
+    """The ranks the server brings to an update group, from `/server_info`."""
     info = call(url, "/server_info", method="GET", timeout=timeout, api_key=api_key)
     if not isinstance(info, dict):
         raise EngineError(url, "/server_info", 200, f"not a JSON object: {info!r}")
+    return group_ranks(url, info)
+
+
+def group_ranks(url: str, info: dict[str, Any]) -> int:
+    """The ranks in a server's `/server_info` answer: dp_size * tp_size
+    (attention data parallelism shares the TP ranks)."""
     tp, dp = info.get("tp_size"), info.get("dp_size", 1)
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tp, dp)):
         raise EngineError(url, "/server_info", 200, f"tp_size {tp!r}, dp_size {dp!r}")

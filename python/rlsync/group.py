@@ -21,6 +21,7 @@ import weakref
 from datetime import timedelta
 from typing import Optional
 
+import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import (
     Backend,
@@ -45,9 +46,30 @@ _RELEASE_TIMEOUT = timedelta(seconds=10)
 _SHUTDOWN_GRACE = 10.0
 
 
+def nccl_without_gpu(backend: str) -> Optional[str]:
+    """Why `backend` cannot work on this host: NCCL asked for where torch
+    sees no CUDA GPU (the group would form, then fail at its first
+    collective). None where nothing is wrong that this can tell."""
+    if str(backend).lower() != "nccl" or torch.cuda.is_available():
+        return None
+    return (
+        "backend='nccl': NCCL needs a CUDA GPU on the trainer, and this host has "
+        "none (torch.cuda.is_available() is False); use backend='gloo' (CPU "
+        "engines, tests), or run the trainer on a GPU host"
+    )
+
+
 def _check_join_args(
-    master_address: str, master_port: int, world_size: int, rank: int, group_name: str
+    master_address: str,
+    master_port: int,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    backend: str,
 ) -> None:
+    problem = nccl_without_gpu(backend)
+    if problem:
+        raise ValueError(problem)
     assert master_address, "master_address cannot be empty"
     assert 0 < master_port < 65536, f"master_port out of range: {master_port}"
     assert world_size >= 2, f"world_size must be >= 2, got {world_size}"
@@ -113,7 +135,7 @@ def join_update_group(
     to the interface that routes to the master address unless
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME is set; the whole join within
     `timeout`, an UpdateGroupInitError naming the addresses otherwise."""
-    _check_join_args(master_address, master_port, world_size, rank, group_name)
+    _check_join_args(master_address, master_port, world_size, rank, group_name, backend)
 
     def join(left: Optional[float]) -> dist.ProcessGroup:
         deadline = time.monotonic() + (timeout if left is None else left)
@@ -182,7 +204,9 @@ class GroupJoin:
         backend: str = "gloo",
         timeout: float = 300.0,
     ):
-        _check_join_args(master_address, master_port, world_size, 0, group_name)
+        _check_join_args(
+            master_address, master_port, world_size, 0, group_name, backend
+        )
         self.master_address, self.master_port = master_address, master_port
         self.world_size, self.group_name = world_size, group_name
         self.backend, self.timeout = backend, timeout

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures as cf
 import logging
+import re
 import sys
 import threading
 import time
@@ -38,7 +39,7 @@ import torch.distributed as dist
 from rlsync import client
 from rlsync.digest import digest_bytes, digest_tensors
 from rlsync.framing import BucketFraming, abort_on_failure
-from rlsync.group import GroupJoin, leave_update_group
+from rlsync.group import GroupJoin, leave_update_group, nccl_without_gpu
 from rlsync.planner import Bucket, BucketPlan, SpecLike, TensorSpec, plan_spec_buckets
 from rlsync.protocol import CompleteWeightsUpdateResponse, ProtocolError
 from rlsync.stream import (
@@ -542,6 +543,11 @@ IN_BAND_ABORT_FEATURE = "in_band_abort"
 FLATTENED = "flattened_bucket"
 # Seconds connect() waits for the trainer's torn-down join before it raises.
 JOIN_GRACE = 10.0
+# A wait that ran out, in an error's text (httpx's, torch's, an engine's
+# own); not a connection that never opened (client.CONNECT_TIMEOUT's).
+TIMED_OUT = re.compile(
+    r"(?<!ConnectTimeout: )timed out|timing out|before the timeout", re.IGNORECASE
+)
 
 
 class WeightSender:
@@ -591,7 +597,8 @@ class WeightSender:
         assert len({e.url for e in engines}) == len(engines), "duplicate engine URL"
         self.engines = engines
         self.master_address, self.master_port = master_address, master_port
-        self.group_name, self.backend = group_name, backend
+        # As torch names it: "NCCL" is NCCL too.
+        self.group_name, self.backend = group_name, backend.lower()
         self.bucket_bytes, self.digests = bucket_bytes, digests
         self.device, self.timeout = device, timeout
         self.load_format = load_format
@@ -632,14 +639,9 @@ class WeightSender:
         started with its servers), logging which engines it still waits for
         every 10 s; past it, SyncError naming them. NCCL on a trainer
         without a GPU fails at once, saying to use gloo."""
-        if self.backend == "nccl" and not torch.cuda.is_available():
-            raise SyncError(
-                "connect",
-                "backend='nccl': NCCL needs a CUDA GPU on the trainer, and this "
-                "host has none (torch.cuda.is_available() is False); use "
-                "backend='gloo' (CPU engines, tests), or run the trainer on a "
-                "GPU host",
-            )
+        problem = nccl_without_gpu(self.backend)
+        if problem:
+            raise SyncError("connect", problem)
         if wait > 0:
             self._wait_until_healthy(wait)
         for engine, res in self._each(
@@ -678,11 +680,16 @@ class WeightSender:
             raise
         if refused:
             join.cancel(JOIN_GRACE)
-            raise SyncError("connect", "; ".join(refused))
+            raise SyncError("connect", self._naming_the_knob("connect", refused))
         try:
             self.group = join.result()
         except Exception as e:
-            raise SyncError("connect", f"trainer could not join the group: {e}") from e
+            raise SyncError(
+                "connect",
+                self._naming_the_knob(
+                    "connect", [f"trainer could not join the group: {e}"]
+                ),
+            ) from e
         failed = []
         for engine, fut in futures:
             try:
@@ -692,7 +699,7 @@ class WeightSender:
         if failed:
             leave_update_group(self.group)
             self.group = None
-            raise SyncError("connect", "; ".join(failed))
+            raise SyncError("connect", self._naming_the_knob("connect", failed))
 
     def _wait_until_healthy(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -710,7 +717,8 @@ class WeightSender:
             if now >= deadline:
                 raise SyncError(
                     "connect",
-                    f"not healthy after {seconds:g} s: "
+                    f"not healthy after {seconds:g} s (connect(wait={seconds:g}): "
+                    f"how long connect() waits for every /health to answer 200): "
                     + "; ".join(
                         f"{url} ({'no answer' if code == 0 else f'HTTP {code}'}: "
                         f"{body[:120]})"
@@ -1071,8 +1079,8 @@ class WeightSender:
             aborted = self._abort_all(abort_header_sent=in_band)
             raise SyncError(
                 "broadcast",
-                f"{type(exc).__name__}: {exc}; every engine aborted "
-                f"({aborted or 'groups usable'})",
+                self._naming_the_knob("broadcast", [f"{type(exc).__name__}: {exc}"])
+                + f"; every engine aborted ({aborted or 'groups usable'})",
                 group_usable=aborted.group_usable,
             ) from exc
         # The first complete brings the deferred digests.
@@ -1127,8 +1135,8 @@ class WeightSender:
                 calls += len(self.engines)
                 raise SyncError(
                     "verify",
-                    f"{_not_ready(checked)}; no engine applied, every engine "
-                    f"aborted ({aborted or 'ok'})",
+                    self._naming_the_knob("verify", [_not_ready(checked)])
+                    + f"; no engine applied, every engine aborted ({aborted or 'ok'})",
                     result_of(checked, calls),
                     group_usable=aborted.group_usable,
                 )
@@ -1162,11 +1170,14 @@ class WeightSender:
             self._log(result, apply)
             notes = str(aborted) or "ok"
             if apply:
-                message = f"{_not_applied(outcomes)}; their sessions aborted ({notes})"
+                message = (
+                    self._naming_the_knob("apply", [_not_applied(outcomes)])
+                    + f"; their sessions aborted ({notes})"
+                )
             else:
                 message = (
-                    f"{_not_ready(outcomes)}; nothing applied, every engine "
-                    f"aborted ({notes})"
+                    self._naming_the_knob("verify", [_not_ready(outcomes)])
+                    + f"; nothing applied, every engine aborted ({notes})"
                 )
             raise SyncError(
                 "apply" if apply else "verify",
@@ -1235,6 +1246,30 @@ class WeightSender:
         """An engine waits for missing bytes (or, for a cache flush, for
         in-flight requests) no longer than this sender's timeout."""
         return {"wait_timeout": self.timeout, "timeout": self.timeout + 60}
+
+    def _naming_the_knob(self, step: str, errors: list[str]) -> str:
+        """`errors` joined; where one says that a wait ran out, followed by
+        what bounds that wait in `step` and how to change it."""
+        message = "; ".join(errors)
+        if not any(TIMED_OUT.search(error) for error in errors):
+            return message
+        return f"{message} [timed out: {self._knob(step)}]"
+
+    def _knob(self, step: str) -> str:
+        """What bounds the waits of `step`, named as the caller sets it."""
+        timeout = f"WeightSender(timeout={self.timeout:g})"
+        if step == "connect":
+            return (
+                f"the group join waits up to {timeout} s on the trainer and on "
+                f"every engine, which caps it at its --weight-update-health-deadline"
+            )
+        if step == "broadcast":
+            return f"each broadcast waits up to {timeout} s (the group's timeout)"
+        return (
+            f"each engine's complete waits up to {timeout} s for missing bytes "
+            f"(with flush_cache, for requests in flight); its answer is awaited "
+            f"{self.timeout + 60:g} s"
+        )
 
     def _broadcast(
         self,
