@@ -15,14 +15,17 @@ OPEN_ROUTES = ("/health", "/rlsync_info")
 
 
 class HttpStandIn:
-    """Answers from `answers`; with `key`, every route but OPEN_ROUTES needs
-    `Authorization: Bearer <key>` and is a 401 otherwise (a server run with
-    --api-key alone). `requests` records (method, path, Authorization)."""
+    """Answers from `answers` (which a test may change while it serves);
+    with `key`, every route but OPEN_ROUTES needs `Authorization: Bearer
+    <key>` and is a 401 otherwise (a server run with --api-key alone).
+    `requests` records (method, path, Authorization)."""
 
     def __init__(self, answers: Answers, key: Optional[str] = None) -> None:
         self.answers = answers
         self.key = key
         self.requests: list[tuple[str, str, Optional[str]]] = []
+        # Notified after each request is recorded (wait for one on it).
+        self.received = threading.Condition()
         stand_in = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -33,7 +36,9 @@ class HttpStandIn:
                 length = int(self.headers.get("Content-Length") or 0)
                 self.rfile.read(length)
                 authorization = self.headers.get("Authorization")
-                stand_in.requests.append((method, self.path, authorization))
+                with stand_in.received:
+                    stand_in.requests.append((method, self.path, authorization))
+                    stand_in.received.notify_all()
                 status, body = stand_in.answer(method, self.path, authorization)
                 data = json.dumps(body).encode()
                 self.send_response(status)
