@@ -117,9 +117,17 @@ smoke:
 support-matrix check-releases:
 	@$(DEVTOOLS) $@
 
+# The tree and the author reach devtools as given: through the environment,
+# never expanded by make or the shell (a path may hold `$`, a backtick or a
+# quote, which would otherwise run as code).
+RAW_SGLANG_DIR := $(value SGLANG_DIR)
+RAW_AUTHOR := $(value AUTHOR)
+export RAW_SGLANG_DIR RAW_AUTHOR
+unexport SGLANG_DIR AUTHOR
+
 apply revert pr-branch:
-	@test -n "$(SGLANG_DIR)" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }
-	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) $@ "$(SGLANG_DIR)" $(if $(and $(filter pr-branch,$@),$(AUTHOR)),--author "$(AUTHOR)")
+	@test -n "$$RAW_SGLANG_DIR" || { echo "error: set SGLANG_DIR=<sglang checkout>" >&2; exit 2; }
+	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) $@ "$$RAW_SGLANG_DIR" $(if $(and $(filter pr-branch,$@),$(value AUTHOR)),--author "$$RAW_AUTHOR")
 
 venv:
 	@PYTHON=$(PYTHON) tools/venv.sh pins/$(P)

@@ -616,6 +616,22 @@ def test_apply_leaves_a_hard_linked_copy_of_the_tree_as_it_was(tmp_path, upstrea
     assert files_of(linked) == before
 
 
+def test_a_tree_path_with_shell_and_make_syntax_is_taken_as_given(
+    tmp_path, upstream_tree
+):
+    """`make apply SGLANG_DIR=...` passes the path on as text: a backtick,
+    `$(...)` or a quote in it runs nothing, in make or in the shell."""
+    ran = tmp_path / "ran"
+    odd = tmp_path / f'a `touch {ran}` $(shell touch {ran}) $$(touch {ran}) "q'
+    shutil.copytree(upstream_tree / "python", odd / "python")
+    pristine = files_of(odd)
+    proc = make("apply", odd)
+    assert proc.returncode == 0, proc.stderr
+    assert not ran.exists()
+    assert make("revert", odd).returncode == 0
+    assert files_of(odd) == pristine
+
+
 def test_pr_branch_whose_commit_hook_refuses_leaves_no_branch(tree):
     hook = tree / ".git" / "hooks" / "pre-commit"
     hook.write_text("#!/bin/sh\necho 'hook says no' >&2\nexit 1\n")
