@@ -166,20 +166,31 @@ def _git_version(root: Path) -> tuple[str, str] | None:
 
 
 def _file_version(target: Target) -> tuple[str, str] | None:
+    """The version the tree's metadata and version files give (the first
+    found), refused where two of them disagree: a package dir of one
+    release with the metadata of another would get the other's series."""
     base = target.path("python/")
     candidates = [base / "PKG-INFO", base / "pyproject.toml"]
     candidates += [d / "METADATA" for d in _dist_infos(base)]
     candidates += [target.package / "version.py", target.package / "_version.py"]
+    found: list[tuple[str, str]] = []
     for path in candidates:
         if path.name in ("PKG-INFO", "METADATA"):
-            found = _metadata_version(path)
+            version = _metadata_version(path)
         elif path.name == "pyproject.toml":
-            found = _pyproject_version(path)
+            version = _pyproject_version(path)
         else:
-            found = _version_from_file(path)
-        if found:
-            return found, str(path.relative_to(target.root))
-    return None
+            version = _version_from_file(path)
+        if version:
+            found.append((version, str(path.relative_to(target.root))))
+    releases = {version.split("+")[0] for version, _ in found}
+    if len(releases) > 1:
+        said = ", ".join(f"{where} says {version}" for version, where in found)
+        raise CheckoutError(
+            f"{target.root}: its files disagree on SGLang's version ({said}); "
+            "nothing was changed: reinstall SGLang so that one release is left"
+        )
+    return found[0] if found else None
 
 
 def _detect(target: Target) -> tuple[str, str] | None:

@@ -343,6 +343,7 @@ def test_unpacked_sdist_of_another_version_is_refused(tmp_path, upstream_tree):
     root = sdist(tmp_path, upstream_tree, "0.5.9")
     info = root / "PKG-INFO"
     info.write_text(info.read_text().replace("Version: 0.5.10", "Version: 0.5.9"))
+    (root / "sglang" / "_version.py").write_text("__version__ = version = '0.5.9'\n")
     before = files_of(root)
     proc = make("apply", root)
     assert proc.returncode != 0
@@ -393,6 +394,23 @@ def test_installed_sglang_of_another_version_is_refused(tmp_path, upstream_tree)
     assert "SGLang 0.5.9 found (sglang-0.5.9.dist-info/METADATA)" in proc.stderr
     # Every pinned release is named (the tree's version picks the series).
     assert f"the series is for {', '.join(releases.supported(ROOT))}" in proc.stderr
+    assert files_of(sp) == before
+
+
+def test_installed_sglang_whose_files_disagree_on_its_version_is_refused(
+    tmp_path, upstream_tree
+):
+    """The package of one release under the metadata of another (a broken
+    or hand-mixed install) would get the other release's series: refused,
+    naming both, nothing written."""
+    sp = site_packages(tmp_path, upstream_tree, "0.5.10.post1")
+    (sp / "sglang" / "_version.py").write_text("__version__ = version = '0.5.10'\n")
+    before = files_of(sp)
+    proc = make("apply", sp / "sglang")
+    assert proc.returncode != 0
+    assert "disagree on SGLang's version" in proc.stderr
+    assert "METADATA says 0.5.10.post1" in proc.stderr
+    assert "_version.py says 0.5.10" in proc.stderr
     assert files_of(sp) == before
 
 
