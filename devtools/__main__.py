@@ -53,7 +53,14 @@ def _layout_for_tree(args: argparse.Namespace, tree: Path) -> series.Layout:
     with --pin, that pin's (for another release it serves: with its ports)."""
     root = _root(args)
     versions = series.pin_versions(root)
-    found = (checkout.detect_version(tree) or "").split("+")[0]
+    try:
+        found = (checkout.detect_version(tree) or "").split("+")[0]
+    except checkout.CheckoutError as e:
+        served = releases.supported(root)
+        raise checkout.CheckoutError(
+            f"{e}; the series serve SGLang {served[0]} to {served[-1]} "
+            f"({releases.RELEASES_FILE})"
+        ) from e
     if args.pin:
         release = releases.read_releases(root).get(found)
         served = release is not None and release.how in releases.SERVED

@@ -589,6 +589,8 @@ def apply_series(
         _snapshot(target, list(generated)),
         {rel: text.encode() for rel, text in generated.items()},
     )
+    # The user's own edits: asked before the write, which changes every file.
+    dirty = _uncommitted(target, [r for r in rels if current[r] is not None])
     _write(target, {**changes, **gen_changes})
     gen_note = f"; {len(gen_changes)} generated files written" if gen_changes else ""
     if not changes:
@@ -596,7 +598,6 @@ def apply_series(
             f"the series ({len(patches)} patches) is already applied to "
             f"{target.root}{gen_note}"
         )
-    dirty = _uncommitted(target, [r for r in rels if current[r] is not None])
     kept = f"; uncommitted edits kept in {', '.join(dirty)}" if how and dirty else ""
     return undone + (
         f"applied {len(patches)} patches to {target.kind} {target.root}{how}"

@@ -235,9 +235,11 @@ def test_apply_needs_sglang_dir():
     assert proc.returncode != 0 and "set SGLANG_DIR" in proc.stderr
 
 
-def test_not_an_sglang_tree_is_refused(tmp_path):
+def test_not_an_sglang_tree_is_refused_naming_the_releases_served(tmp_path):
     proc = make("apply", tmp_path)
     assert proc.returncode != 0 and "no python/sglang/" in proc.stderr
+    served = releases.supported(ROOT)
+    assert f"the series serve SGLang {served[0]} to {served[-1]}" in proc.stderr
 
 
 # --- real checkouts (issue 15) ---------------------------------------------
@@ -456,7 +458,10 @@ def test_unstaged_edits_survive_a_three_way_apply_and_its_revert(tree):
     index = sh(tree, "ls-files", "--stage")
     proc = make("apply", tree)
     assert proc.returncode == 0, proc.stderr
-    assert "3-way" in proc.stdout and "uncommitted edits kept" in proc.stdout
+    assert "3-way" in proc.stdout
+    kept = proc.stdout.split("uncommitted edits kept in ", 1)[1].split(";")[0]
+    edited = sorted(str(p.relative_to(tree)) for p in (target, other))
+    assert sorted(kept.strip().split(", ")) == edited  # the user's, no other
     text = target.read_text()
     assert local in text and text.endswith("# unstaged edit at the end\n")
     assert other.read_text().endswith("# another unstaged edit\n")
