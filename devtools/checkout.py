@@ -414,6 +414,38 @@ def _advice(target: Target, rels: list[str]) -> str:
 UNDO_JOURNAL = ".rlsync-undo.json"
 
 
+# What an apply wrote the tree with: its patches (their text) and generated
+# files, so that a revert takes out exactly those, even once rlsync and its
+# series have moved on; written and removed with the series' own files.
+APPLIED_RECORD = f"{PACKAGE}/.rlsync-applied.json"
+
+
+def _record_bytes(patches: list[Path], generated: dict[str, str]) -> bytes:
+    record = {
+        "patches": {patch.name: patch.read_text() for patch in patches},
+        "generated": sorted(generated),
+    }
+    return json.dumps(record, indent=1).encode()
+
+
+def _read_record(target: Target) -> dict | None:
+    path = target.path(APPLIED_RECORD)
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_bytes())
+        if not isinstance(record["patches"], dict) or not isinstance(
+            record["generated"], list
+        ):
+            raise TypeError("patches: a mapping, generated: a list")
+        return record
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckoutError(
+            f"{path}: an unreadable record of the series applied here ({e}); "
+            "nothing was changed: reinstall SGLang"
+        ) from e
+
+
 def _write(target: Target, changes: Contents) -> None:
     """Write (bytes) or remove (None) files, all or nothing: every target is
     checked for write access first; the files' contents before are kept in
@@ -567,6 +599,15 @@ def apply_series(
     target, generated, rels, undone = _prepare(tree, pin, patches, generated)
     if not patches and not generated:
         return undone + "the series is empty; nothing to apply"
+    record = _record_bytes(patches, generated)
+    applied = target.path(APPLIED_RECORD)
+    if applied.is_file() and applied.read_bytes() != record:
+        raise CheckoutError(
+            f"{target.root} carries the series as another version of rlsync "
+            f"applied it ({APPLIED_RECORD.removeprefix(target.strip)} names "
+            "other patches); nothing was changed: `make revert` takes out what "
+            "was applied, then `make apply` applies this series"
+        )
     current = _snapshot(target, rels)
     how = ""
     result, _ = _run_patches(current, list(reversed(patches)), "--reverse")
@@ -591,7 +632,10 @@ def apply_series(
     )
     # The user's own edits: asked before the write, which changes every file.
     dirty = _uncommitted(target, [r for r in rels if current[r] is not None])
-    _write(target, {**changes, **gen_changes})
+    record_change = _changed(
+        _snapshot(target, [APPLIED_RECORD]), {APPLIED_RECORD: record}
+    )
+    _write(target, {**changes, **gen_changes, **record_change})
     gen_note = f"; {len(gen_changes)} generated files written" if gen_changes else ""
     if not changes:
         return undone + (
@@ -612,8 +656,24 @@ def revert_series(
     generated: dict[str, str] | None = None,
 ) -> str:
     target, generated, rels, undone = _prepare(tree, pin, patches, generated)
+    record = _read_record(target)
+    if record is None:
+        return undone + _revert(target, patches, list(generated), rels)
+    # Exactly what was applied, whichever series this checkout has now.
+    with tempfile.TemporaryDirectory() as tmp:
+        applied = []
+        for name, text in record["patches"].items():
+            (Path(tmp) / name).write_text(text)
+            applied.append(Path(tmp) / name)
+        rels = series_files(applied)
+        return undone + _revert(target, applied, record["generated"], rels)
+
+
+def _revert(
+    target: Target, patches: list[Path], generated: list[str], rels: list[str]
+) -> str:
     if not patches and not generated:
-        return undone + "the series is empty; nothing to revert"
+        return "the series is empty; nothing to revert"
     current = _snapshot(target, rels)
     how = ""
     result, why = _run_patches(current, list(reversed(patches)), "--reverse")
@@ -636,13 +696,16 @@ def revert_series(
     gen_removed = {
         rel: None for rel in generated if changes and target.path(rel).is_file()
     }
-    _write(target, {**changes, **gen_removed})
+    record_removed: Contents = {}
+    if target.path(APPLIED_RECORD).is_file():
+        record_removed[APPLIED_RECORD] = None
+    _write(target, {**changes, **gen_removed, **record_removed})
     gen_note = f"; {len(gen_removed)} generated files removed" if gen_removed else ""
     if not changes:
-        return undone + (
+        return (
             f"the series is not applied to {target.root}; nothing to revert{gen_note}"
         )
-    return undone + f"reverted {len(patches)} patches from {target.root}{how}{gen_note}"
+    return f"reverted {len(patches)} patches from {target.root}{how}{gen_note}"
 
 
 def _user_config(repo: Path, key: str) -> str:

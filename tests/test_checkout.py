@@ -86,7 +86,9 @@ def generated() -> dict[str, str]:
 
 
 def written() -> list[str]:
-    return sorted({*touched(), *generated()})
+    """What an apply writes: the series' files, its generated modules, and
+    the record of what it applied."""
+    return sorted({*touched(), *generated(), checkout.APPLIED_RECORD})
 
 
 def assert_matches_overlay(tree: Path) -> None:
@@ -637,6 +639,45 @@ def test_apply_leaves_a_hard_linked_copy_of_the_tree_as_it_was(tmp_path, upstrea
     assert (linked / "python/sglang/srt/server_args.py").stat().st_mode == mode
     assert make("revert", linked).returncode == 0
     assert files_of(linked) == before
+
+
+def an_older_series(tmp_path: Path) -> Path:
+    """This repository's pins with the first pin's last patch changed (one
+    added line), as another version of rlsync would have them."""
+    root = tmp_path / "older-rlsync"
+    shutil.copytree(ROOT / "pins", root / "pins")
+    last = series.Layout(root, LAYOUT.version).patches()[-1]
+    text = last.read_text()
+    added = next(l for l in text.splitlines() if l.startswith("+    # "))
+    last.write_text(text.replace(added, added + " (an older wording)", 1))
+    return root
+
+
+def test_a_tree_another_rlsync_applied_is_reverted_by_this_one(tmp_path, upstream_tree):
+    """After an upgrade of rlsync, a tree patched by the old one: apply
+    refuses (saying to revert first, nothing written), and revert takes
+    out exactly what was applied, from the tree's record of it."""
+    tree = tmp_path / "plain"
+    shutil.copytree(upstream_tree / "python", tree / "python")
+    pristine = files_of(tree)
+    older = an_older_series(tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "devtools", "--root", str(older), "apply", str(tree)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    applied = files_of(tree)
+    refused = make("apply", tree)
+    assert refused.returncode != 0
+    assert "another version of rlsync applied it" in refused.stderr
+    assert files_of(tree) == applied
+    back = make("revert", tree)
+    assert back.returncode == 0, back.stderr
+    assert files_of(tree) == pristine
+    assert make("apply", tree).returncode == 0
+    assert_matches_overlay(tree)
 
 
 def test_a_tree_path_with_shell_and_make_syntax_is_taken_as_given(
