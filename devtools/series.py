@@ -13,6 +13,7 @@ Standard library and git only.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import difflib
 import json
@@ -766,17 +767,41 @@ def check_features(layout: Layout) -> list[str]:
                     f"{patch.name}: Feature: {name} is declared by {seen[name]} too"
                 )
             seen.setdefault(name, patch.name)
-    sender = layout.root / LIBRARY_SENDER
-    text = sender.read_text() if sender.is_file() else ""
-    found = re.search(r"^REQUIRED_FEATURES = \(([^)]*)\)", text, re.M)
-    if found:
-        for name in re.findall(r'"([^"]+)"', found.group(1)):
-            if name not in seen:
-                problems.append(
-                    f"{LIBRARY_SENDER}: requires feature {name!r}, which no "
-                    "patch declares (a 'Feature:' line)"
-                )
+    required = required_features(layout.root / LIBRARY_SENDER)
+    if required is None:
+        problems.append(
+            f"{LIBRARY_SENDER}: no REQUIRED_FEATURES = (...) of feature names at "
+            "module level: the features the library requires cannot be checked"
+        )
+    for name in required or ():
+        if name not in seen:
+            problems.append(
+                f"{LIBRARY_SENDER}: requires feature {name!r}, which no "
+                "patch declares (a 'Feature:' line)"
+            )
     return problems
+
+
+def required_features(sender: Path) -> tuple[str, ...] | None:
+    """The trainer library's REQUIRED_FEATURES, read from its source (the
+    library imports torch; devtools does not), or None where the module has
+    no such tuple of strings."""
+    if not sender.is_file():
+        return None
+    for node in ast.parse(sender.read_text()).body:
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        if not any(
+            isinstance(t, ast.Name) and t.id == "REQUIRED_FEATURES" for t in targets
+        ):
+            continue
+        try:
+            value = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError):
+            return None
+        if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+            return value
+        return None
+    return None
 
 
 LIBRARY_INIT = "python/rlsync/__init__.py"

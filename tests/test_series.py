@@ -380,6 +380,17 @@ def test_check_fails_on_a_feature_the_library_requires_but_no_patch_declares(scr
     assert "requires feature 'two_phase_weight_update', which no patch" in proc.stderr
 
 
+def test_check_fails_when_the_library_s_required_features_cannot_be_read(scratch):
+    """The check reads REQUIRED_FEATURES from the sender's source: moved or
+    renamed, it must fail the check, not let every name pass unchecked."""
+    sender = scratch.root / series.LIBRARY_SENDER
+    text = sender.read_text()
+    assert series.required_features(sender) == ("two_phase_weight_update",)
+    sender.write_text(text.replace("REQUIRED_FEATURES = (", "NEEDED_FEATURES = (", 1))
+    problems = series.check_features(scratch)
+    assert any("no REQUIRED_FEATURES = (...)" in p for p in problems), problems
+
+
 def test_check_fails_on_a_feature_declared_twice_or_not_an_identifier(scratch):
     first, second = scratch.patches()[:2]
     twice = re.search(r"^Feature: (\S+)$", first.read_text(), re.M).group(1)
