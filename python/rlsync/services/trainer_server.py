@@ -7,10 +7,11 @@ syncs the trainer's current weights into all of them.
     POST /sync_inference_weights    {"master_port": 29600, "buffer_size_mb": 1024,
                                      "weight_version": "step-100"?, "atomic": false?}
 
-`world_size` is the engine's number of ranks (its TP size); the update group
-is the trainer (rank 0) plus every registered engine's ranks. A sync uses
-`WeightSender`: two HTTP calls per engine (three with `atomic`), buckets of
-`buffer_size_mb`. The group is built on the first sync and kept while the
+`world_size` is the number of ranks the engine brings to the update group
+(its TP size times its DP size; with attention data parallelism, its TP
+size); the group is the trainer (rank 0) plus every registered engine's
+ranks. A sync uses `WeightSender`: two HTTP calls per engine (three with
+`atomic`), buckets of `buffer_size_mb`. The group is built on the first sync and kept while the
 endpoints and `master_port` stay the same.
 
 Every route needs `Authorization: Bearer <key>`, the `api_key` argument or
