@@ -262,7 +262,7 @@ def test_every_installed_rlsync_command_works_outside_the_clone(tmp_path):
     )
     helps = rlsync_cmd("--help").stdout
     commands = re.search(r"\{([a-z,-]+)\}", helps).group(1).split(",")
-    assert sorted(commands) == ["router", "status", "sync-disk"]
+    assert sorted(commands) == ["checksum", "doctor", "router", "status", "sync-disk"]
     for command in commands:
         proc = rlsync_cmd(command, "--help")
         assert proc.returncode == 0, (command, proc.stderr)
@@ -272,7 +272,12 @@ def test_every_installed_rlsync_command_works_outside_the_clone(tmp_path):
     assert status.returncode == 1 and "unreachable" in status.stdout
     reload = rlsync_cmd("sync-disk", "--path", "/nowhere", nothing, "--timeout", "2")
     assert reload.returncode == 1 and "FAILED" in reload.stdout
-    assert "checkout" not in status.stderr + reload.stderr
+    checksum = rlsync_cmd("checksum", nothing, "--timeout", "2")
+    assert checksum.returncode == 1 and "FAILED" in checksum.stdout
+    doctor = rlsync_cmd("doctor", nothing, "--timeout", "2", "--backend", "gloo")
+    assert doctor.returncode == 1 and "cannot sync" in doctor.stdout
+    runs = [status, reload, checksum, doctor]
+    assert not any("checkout" in run.stderr for run in runs)
     for command in (("status",), ("router",), ("sync-disk", "--path", "/x")):
         schemeless = rlsync_cmd(*command, "127.0.0.1:9")
         assert schemeless.returncode == 2, (command, schemeless.stderr)
