@@ -491,12 +491,15 @@ def _journal_bytes(before: Contents) -> bytes:
     return json.dumps({"rlsync_undo": 1, "files": files}).encode()
 
 
-def _put_back(target: Target, before: Contents) -> None:
+def _put_back(target: Target, before: Contents) -> list[str]:
+    """Put each file back as it was; the ones that could not be."""
+    failed = []
     for rel, data in sorted(before.items(), reverse=True):
         try:
             _put(target, target.path(rel), data)
         except OSError:
-            pass
+            failed.append(rel)
+    return failed
 
 
 def undo_interrupted_write(target: Target) -> str:
@@ -517,7 +520,13 @@ def undo_interrupted_write(target: Target) -> str:
             f"revert ({e}); nothing was changed: reinstall SGLang, or remove "
             "the file if the tree is known to be whole"
         ) from e
-    _put_back(target, before)
+    failed = _put_back(target, before)
+    if failed:
+        raise CheckoutError(
+            f"an apply or revert that was interrupted left {target.root} half "
+            f"written, and {', '.join(failed)} could not be put back; the undo "
+            f"journal ({journal}) is kept: run as the tree's owner and try again"
+        )
     journal.unlink()
     return (
         f"an apply or revert that was interrupted was undone first "

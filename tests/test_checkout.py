@@ -625,6 +625,30 @@ def test_an_apply_or_revert_killed_midway_is_undone_by_the_next_one(
     assert files_of(tree) == pristine
 
 
+def test_an_undo_that_cannot_put_a_file_back_keeps_its_journal(
+    tmp_path, upstream_tree, monkeypatch
+):
+    """The undo of a killed write says which file it could not put back and
+    keeps the journal for the next try; it never claims the tree is whole."""
+    tree = tmp_path / "plain"
+    shutil.copytree(upstream_tree / "python", tree / "python")
+    assert killed_after(3, "apply", tree) == 9
+    target = checkout.find_target(tree)
+    journal = target.package / checkout.UNDO_JOURNAL
+    assert journal.is_file()
+
+    def refuse(*args):
+        raise PermissionError("read-only")
+
+    monkeypatch.setattr(checkout, "_put", refuse)
+    with pytest.raises(checkout.CheckoutError, match="could not be put back"):
+        checkout.undo_interrupted_write(target)
+    assert journal.is_file()
+    monkeypatch.undo()
+    assert "interrupted was undone first" in checkout.undo_interrupted_write(target)
+    assert not journal.is_file()
+
+
 def test_apply_leaves_a_hard_linked_copy_of_the_tree_as_it_was(tmp_path, upstream_tree):
     """Installers link one copy of a package into many environments (uv
     does, by hard link): patching one environment changes no other."""
