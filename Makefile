@@ -54,6 +54,7 @@ help:
 	@echo "make test PIN=<version>         the same for one pin ($(PINS))"
 	@echo "make test-fast                  venv + wheel + the tests that start no server and build nothing (under a minute)"
 	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
+	@echo "make test-quickstart            README \"Try it on CPU\" as written, the trainer install included (minutes, network)"
 	@echo "make serve-cpu [MODEL=<dir>] [TP=<n>] [PORT=<port>] [ARGS=\"<sglang flags>\"]"
 	@echo "                                the patched server on this CPU, no GPU needed (a tiny model by default); Ctrl-C stops it"
 	@echo "make rl-demo                    an RL loop (tiny Llama, GRPO-style) syncing TP 1 + TP 2 while they serve rollouts:"
@@ -166,9 +167,15 @@ test-pin: install
 	@# Tests run make themselves: PIN (exported, and in MAKEFLAGS) must not reach them.
 	@env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN $(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)
 
-.PHONY: test-fast
+.PHONY: test-fast test-quickstart
 test-fast: install
 	@VENV_PY=$(VENV_PY) tools/test-fast.sh $(PYTEST_ARGS)
+
+# README "Try it on CPU" as a new user runs it, the trainer install included
+# (a new venv, a CPU-only torch from its index, the library; needs the network).
+test-quickstart: install
+	@env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN RLSYNC_QUICKSTART_INSTALL=1 \
+	  $(VENV_PY) -m pytest tests/test_serve_cpu.py -k quickstart $(PYTEST_ARGS)
 
 format:
 	@$(VENV_PY) -m black python devtools harness tests bench examples setup.py

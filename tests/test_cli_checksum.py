@@ -50,7 +50,7 @@ def test_engines_with_the_same_weights_pass(capsys):
     ) as b:
         code, out = run(capsys, a.url, b.url)
     assert code == 0, out
-    assert f"{a.url}  sha256:aa  (3 tensors, 1 ranks)" in out
+    assert f"{a.url}  sha256:aa  (3 tensors, 1 rank)" in out
     assert "same: all 2 engines report the same checksum" in out
 
 

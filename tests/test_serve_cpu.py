@@ -1,9 +1,16 @@
-"""`make serve-cpu` (README "No GPU?"): the patched server on the CPU in one
-command, serving until Ctrl-C, then gone with every process it started."""
+"""README "Try it on CPU" and `make serve-cpu`: the patched server on the CPU
+in one command, a first sync into it checked by its weights checksum with
+the README's own commands, then Ctrl-C and no process left.
+
+`make test-quickstart` runs the same test with the README's trainer install
+too (a new venv, a CPU-only torch from its index, the library: minutes and
+the network), as a new user's shell would: its own HOME, no pip settings."""
 
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -15,9 +22,12 @@ import pytest
 import requests
 
 from harness.cpu_sglang import free_port
+from harness.doc_blocks import all_chunks, command_lines, reader_env
 from harness.serve_cpu import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
+README_URL = "http://127.0.0.1:30000"
+RUN_INSTALL = os.environ.get("RLSYNC_QUICKSTART_INSTALL") == "1"
 
 # The recipe is the tests' own; the first pin's run covers the command.
 pytestmark = pytest.mark.release_independent
@@ -38,11 +48,94 @@ def _line_with(proc: subprocess.Popen, needle: str, timeout: float) -> str:
     pytest.fail(f"no {needle!r} from serve-cpu; it printed:\n{''.join(seen)[-3000:]}")
 
 
-def test_serve_cpu_serves_the_patched_server_until_ctrl_c():
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.serve_cpu", "--port", str(port)],
+def readme_commands(mark: str) -> list[str]:
+    """The command lines of the README's one chunk marked `mark`."""
+    chunks = [c for c in all_chunks() if c.page == "README.md" and mark in c.marks]
+    assert len(chunks) == 1, f"README.md: {len(chunks)} chunks marked {mark!r}"
+    return command_lines(chunks[0].text)
+
+
+def readme_output_example() -> list[str]:
+    """The output the README shows for the quickstart's sync."""
+    chunks = [c for c in all_chunks() if c.page == "README.md" and c.kind == "output"]
+    follows = [c for c in chunks if "first-sync-changed" in c.text]
+    assert len(follows) == 1, "README.md: no example output of examples/first_sync.py"
+    return follows[0].text.splitlines()
+
+
+def masked(line: str) -> str:
+    """A line of output with its checksums and numbers as placeholders."""
+    line = re.sub(r"sha256:[0-9a-f]+(\.\.\.)?", "sha256:H", line.strip())
+    return re.sub(r"\d+(\.\d+)?", "N", line)
+
+
+def trainer_env(tmp_path: Path) -> dict[str, str]:
+    """What the README's trainer commands run with. With the install: a new
+    user's shell (its own HOME, no pip settings, not this venv). Without:
+    this checkout's library and this interpreter as `rlsync` and `python`
+    (tests/test_wheel.py installs the library into a fresh venv)."""
+    if not RUN_INSTALL:
+        return reader_env(tmp_path)
+    home = tmp_path / "home"
+    home.mkdir()
+    venv_bin = str(Path(sys.executable).parent)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PIP_", "PYTHON", "MAKE", "MFLAGS", "VIRTUAL_ENV"))
+    }
+    env["PATH"] = os.pathsep.join(
+        d for d in env.get("PATH", "").split(os.pathsep) if d != venv_bin
+    )
+    env["HOME"] = str(home)
+    return env
+
+
+def run_commands(lines: list[str], env: dict[str, str]) -> dict[str, str]:
+    """Run the lines in one bash, as a reader types them; each line's output
+    (stdout and stderr). Fails at the first line that fails."""
+    script = ["set -e"]
+    for i, line in enumerate(lines):
+        script += [f"echo '@@@ {i}'", line]
+    proc = subprocess.run(
+        ["bash", "-c", "\n".join(script)],
         cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=1800 if RUN_INSTALL else 300,
+    )
+    parts = re.split(r"^@@@ (\d+)\n", proc.stdout, flags=re.M)
+    outputs = {lines[int(i)]: out for i, out in zip(parts[1::2], parts[2::2])}
+    ran = len(outputs)
+    assert proc.returncode == 0, (
+        f"{lines[ran - 1] if ran else 'bash'}: exit {proc.returncode}\n"
+        + proc.stdout[-4000:]
+    )
+    return outputs
+
+
+def test_readme_quickstart_serves_syncs_checks_and_stops_on_ctrl_c(tmp_path):
+    """README "Try it on CPU", run as written: `make serve-cpu` in one
+    terminal; in another the sync and the two checks (after the trainer
+    install with `make test-quickstart`). The README's URL is the server's,
+    on a free port instead of 30000."""
+    (serve,) = readme_commands("quickstart-server")
+    assert shlex.split(serve, comments=True) == ["make", "serve-cpu"]
+    install = readme_commands("quickstart-install") if RUN_INSTALL else []
+    trainer = readme_commands("quickstart")
+    assert any("examples/first_sync.py" in line for line in trainer)
+    port = free_port()
+    # `make serve-cpu` runs `make install` first (47 s when built); the
+    # server is what its recipe starts:
+    argv = ["make", "serve-cpu", f"PORT={port}"]
+    if not RUN_INSTALL:
+        argv = [sys.executable, "-m", "harness.serve_cpu", "--port", str(port)]
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS")},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -50,15 +143,35 @@ def test_serve_cpu_serves_the_patched_server_until_ctrl_c():
     )
     children: list[psutil.Process] = []
     try:
-        line = _line_with(proc, "serving http://", timeout=300)
+        line = _line_with(proc, "serving http://", timeout=600)
         url = line.split()[1]
         assert url == f"http://127.0.0.1:{port}"
         info = requests.get(url + "/rlsync_info", timeout=10).json()
         assert "two_phase_weight_update" in info["features"]
+
+        lines = [l.replace(README_URL, url) for l in install + trainer]
+        outputs = run_commands(lines, trainer_env(tmp_path))
+        first_sync, status, checksum = (
+            next(out for l, out in outputs.items() if word in l)
+            for word in ("first_sync.py", "status", "checksum")
+        )
+        assert "ok: the engine applied both syncs" in first_sync, first_sync
+        shown = {masked(l) for l in first_sync.splitlines()}
+        missing = [l for l in readme_output_example() if masked(l) not in shown]
+        assert missing == [], f"README shows lines it does not print:\n{first_sync}"
+        assert "healthy (HTTP 200)" in status, status
+        assert "weight_version=first-sync-restored" in status, status
+        loaded = re.search(r"checkpoint it loaded: +(sha256:\w+)", first_sync)
+        assert loaded and f"{url}  {loaded.group(1)}  " in checksum, checksum
+
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "no server process under serve-cpu"
-        os.kill(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=60) == 0
+        if RUN_INSTALL:  # Ctrl-C in make's terminal: make reports the interrupt
+            os.killpg(proc.pid, signal.SIGINT)
+            proc.wait(timeout=60)
+        else:
+            os.kill(proc.pid, signal.SIGINT)
+            assert proc.wait(timeout=60) == 0
         assert "stopped" in proc.stdout.read()
         gone, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running: {alive}"

@@ -109,7 +109,8 @@ def cmd_checksum(args: argparse.Namespace) -> int:
         ranks = len(body["rank_results"])
         found[url] = (body["checksum"], ranks)
         print(
-            f"{url}  {body['checksum']}  ({body['num_tensors']} tensors, {ranks} ranks)"
+            f"{url}  {body['checksum']}  ({body['num_tensors']} tensors, "
+            f"{ranks} rank{'s' if ranks != 1 else ''})"
         )
     if len(found) < len(args.urls):
         return 1

@@ -788,10 +788,20 @@ def update_group_ranks(
 def group_ranks(url: str, info: dict[str, Any]) -> int:
     """The ranks in a server's `/server_info` answer: dp_size * tp_size
     (attention data parallelism shares the TP ranks)."""
+    tp, dp = update_group_shape(url, info)
+    return tp * dp
+
+
+def update_group_shape(url: str, info: dict[str, Any]) -> tuple[int, int]:
+    """(tp_size, dp_size) of a server's `/server_info` answer as the update
+    group counts them: every DP replica's TP ranks join, except that
+    attention data parallelism shares one TP group (dp_size 1 then)."""
     tp, dp = info.get("tp_size"), info.get("dp_size", 1)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (tp, dp)):
+    if not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (tp, dp)
+    ):
         raise EngineError(url, "/server_info", 200, f"tp_size {tp!r}, dp_size {dp!r}")
-    return tp * (1 if info.get("enable_dp_attention") else dp)
+    return tp, 1 if info.get("enable_dp_attention") else dp
 
 
 def require_features(

@@ -110,6 +110,23 @@ class Engine:
     # --dp-size: every DP replica's TP ranks join the update group
     dp_size: int = 1
 
+    @classmethod
+    def from_server(
+        cls,
+        url: str,
+        *,
+        admin_key: Optional[str] = None,
+        api_key: Optional[str] = None,
+        timeout: float = 10.0,
+    ) -> "Engine":
+        """The engine at `url`, its TP and DP sizes read from its
+        `/server_info` (EngineError when it does not answer them)."""
+        info = client.server_info(url, timeout=timeout, api_key=api_key)
+        tp_size, dp_size = client.update_group_shape(url, info)
+        return cls(
+            url, tp_size=tp_size, admin_key=admin_key, api_key=api_key, dp_size=dp_size
+        )
+
     @property
     def ranks(self) -> int:
         """The engine's ranks in the update group (dp_size * tp_size)."""

@@ -1,0 +1,166 @@
+"""A first weight sync, checked: push changed weights into a running patched
+SGLang server, then the checkpoint it serves, and compare its weights
+checksum before and after (README "Try it on CPU").
+
+    python examples/first_sync.py http://127.0.0.1:30000 [--admin-key K]
+
+It needs only the `rlsync` library and torch, and the server's checkpoint on
+this machine (it reads the model path from the server's `/server_info`, or
+`--model-path`): the trainer's weights here are that checkpoint's tensors.
+
+1. the engine's checksum now (the checkpoint it loaded);
+2. a sync of every floating-point tensor plus 0.01: applied only once the
+   engine verified every bucket's digest; the checksum must change;
+3. a sync of the checkpoint's own tensors: the checksum must be the first
+   one again, bit for bit, which no label or version can fake.
+
+Exit 0 when all three hold. Use `--backend nccl` from a GPU trainer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Iterator, Optional
+
+import httpx
+import torch
+
+from rlsync import client
+from rlsync.sender import Engine, WeightSender
+
+# safetensors' dtype names (the file format is a JSON header and raw bytes;
+# read here with the standard library so the trainer needs nothing more)
+DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of one .safetensors file."""
+    data = path.read_bytes()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + header_len])
+    body = memoryview(data)[8 + header_len :]
+    for name, spec in header.items():
+        if name == "__metadata__":
+            continue
+        if spec["dtype"] not in DTYPES:
+            raise SystemExit(f"{path}: {name} has dtype {spec['dtype']}, not read here")
+        start, end = spec["data_offsets"]
+        raw = bytearray(body[start:end])
+        tensor = torch.frombuffer(raw, dtype=DTYPES[spec["dtype"]]) if raw else None
+        if tensor is None:
+            tensor = torch.empty(0, dtype=DTYPES[spec["dtype"]])
+        yield name, tensor.reshape(spec["shape"])
+
+
+def checkpoint(model_path: Path) -> dict[str, torch.Tensor]:
+    files = sorted(model_path.glob("*.safetensors"))
+    if not files:
+        raise SystemExit(f"{model_path}: no .safetensors files")
+    return {name: t for f in files for name, t in read_safetensors(f)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def checksum(engine: Engine) -> str:
+    return client.weights_checksum(engine.url, **engine.keys)["checksum"]
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("url", help="the server, e.g. http://127.0.0.1:30000")
+    parser.add_argument("--admin-key", help="the server's admin key, if it has one")
+    parser.add_argument("--api-key", help="the server's --api-key, if it has one")
+    parser.add_argument(
+        "--model-path",
+        type=Path,
+        help="the checkpoint the server loaded (default: its /server_info's)",
+    )
+    parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
+    parser.add_argument(
+        "--wait", type=float, default=600.0, help="seconds to wait for /health"
+    )
+    return parser.parse_args(argv)
+
+
+def wait_until_healthy(url: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if client.health(url, timeout=5) == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{url}: /health not 200 after {seconds:.0f} s")
+        time.sleep(1.0)
+
+
+def sync(sender: WeightSender, weights: dict[str, torch.Tensor], version: str) -> None:
+    result = sender.sync(weights, weight_version=version, atomic=True)
+    print(
+        f"synced {version!r}: {result.bytes / 2**20:.1f} MiB in "
+        f"{result.buckets} bucket(s), {result.seconds:.2f} s, every bucket's "
+        f"digest verified: {result.verified}"
+    )
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    wait_until_healthy(args.url, args.wait)
+    engine = Engine.from_server(
+        args.url, admin_key=args.admin_key, api_key=args.api_key
+    )
+    model_path = args.model_path or Path(
+        client.server_info(args.url, api_key=args.api_key)["model_path"]
+    )
+    weights = checkpoint(model_path)
+    print(f"{engine.url}: TP {engine.tp_size}, DP {engine.dp_size}, {model_path}")
+    before = checksum(engine)
+    print(f"checksum of the checkpoint it loaded:  {before}")
+    changed = {
+        name: t + 0.01 if t.is_floating_point() else t for name, t in weights.items()
+    }
+    sender = WeightSender([engine], master_port=free_port(), backend=args.backend)
+    sender.connect()
+    try:
+        sync(sender, changed, "first-sync-changed")
+        after_change = checksum(engine)
+        print(f"checksum after the changed weights:   {after_change}")
+        sync(sender, weights, "first-sync-restored")
+        restored = checksum(engine)
+        print(f"checksum after the checkpoint again:  {restored}")
+    finally:
+        sender.close()
+    if after_change == before:
+        print("FAIL: the changed weights did not change the checksum")
+        return 1
+    if restored != before:
+        print("FAIL: the checkpoint synced back is not the checkpoint loaded")
+        return 1
+    print("ok: the engine applied both syncs, and holds its checkpoint bit for bit")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
