@@ -299,3 +299,36 @@ def test_an_error_that_is_no_timeout_names_no_knob():
             sender.sync({"w": torch.zeros(4)})
     assert "digest mismatch" in err.value.message
     assert "[timed out" not in err.value.message
+
+
+@pytest.mark.parametrize(
+    "info,shape",
+    [
+        ({"tp_size": 2}, (2, 1)),
+        ({"tp_size": 2, "dp_size": 3}, (2, 3)),
+        # attention data parallelism: the DP replicas share one TP group
+        ({"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}, (4, 1)),
+    ],
+)
+def test_an_engine_from_its_server_has_its_tp_and_dp_sizes(info, shape):
+    with HttpStandIn({("GET", "/server_info"): (200, info)}, key="k") as server:
+        engine = Engine.from_server(server.url, admin_key="a", api_key="k")
+    assert (engine.tp_size, engine.dp_size) == shape
+    assert (engine.admin_key, engine.api_key) == ("a", "k")
+    assert engine.ranks == shape[0] * shape[1]
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {},
+        {"tp_size": "2"},
+        {"tp_size": 0},
+        {"tp_size": True},
+        {"tp_size": 2, "dp_size": 0},
+    ],
+)
+def test_an_engine_from_a_server_without_sizes_names_what_it_answered(info):
+    with HttpStandIn({("GET", "/server_info"): (200, info)}) as server:
+        with pytest.raises(client.EngineError, match="tp_size"):
+            Engine.from_server(server.url)
