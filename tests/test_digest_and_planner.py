@@ -187,9 +187,9 @@ def test_planner_gives_an_oversized_tensor_its_own_bucket():
 
 
 def test_planner_rejects_duplicates_and_bad_budget():
-    with pytest.raises(AssertionError, match="duplicate"):
+    with pytest.raises(ValueError, match="duplicate"):
         plan_buckets([("a", torch.empty(1)), ("a", torch.empty(1))], 10)
-    with pytest.raises(AssertionError, match="bucket_bytes"):
+    with pytest.raises(ValueError, match="bucket_bytes"):
         plan_buckets([], 0)
 
 

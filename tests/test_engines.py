@@ -168,5 +168,5 @@ def test_vllm_adapter_sends_what_collective_rpc_takes(recorder):
     assert body["kwargs"] == {"weights_path": "/ckpt/step_7"}
     assert body["timeout"] == 42.0
     assert set(body) == {"method", "args", "kwargs", "timeout"}
-    with pytest.raises(AssertionError, match="checkpoint_path cannot be empty"):
+    with pytest.raises(ValueError, match="checkpoint_path cannot be empty"):
         asyncio.run(update_vllm_weights_from_disk(url, ""))

@@ -32,7 +32,7 @@ def test_prepare_request_has_seed_000s_fields():
 
 
 def test_bucket_metadata_rejects_unequal_lengths():
-    with pytest.raises(AssertionError, match="lengths differ: 2/1/1"):
+    with pytest.raises(ValueError, match="lengths differ: 2/1/1"):
         BucketMetadata(["a", "b"], ["bfloat16"], [[1]])
 
 

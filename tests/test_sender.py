@@ -322,7 +322,7 @@ def served_exactly(url: str, sent: list[tuple[str, torch.Tensor]]) -> bool:
 
 
 def test_load_format_is_checked_at_construction():
-    with pytest.raises(AssertionError, match="load_format"):
+    with pytest.raises(ValueError, match="load_format"):
         WeightSender([Engine("http://127.0.0.1:1")], master_port=1, load_format="x")
 
 

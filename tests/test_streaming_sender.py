@@ -521,7 +521,7 @@ def test_client_sends_the_new_fields_only_when_set(monkeypatch):
     client.complete_weights_update(URLS[0], digests=["psum61:1:2"])
     client.complete_weights_update(URLS[0])
     assert bodies[2]["digests"] == ["psum61:1:2"] and "digests" not in bodies[3]
-    with pytest.raises(AssertionError, match="carry no digest"):
+    with pytest.raises(ValueError, match="carry no digest"):
         meta[0].digest = "psum61:1:2"
         client.prepare_weights_update(URLS[0], meta, defer_digests=True)
 

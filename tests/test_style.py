@@ -3,6 +3,7 @@ profile black and sglang first-party) and our package is black-clean too."""
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 import sys
@@ -141,3 +142,31 @@ def test_every_generated_file_is_marked_generated_for_review_tools():
     overlays = [p for p in generated if "/overlay/" in p]
     with_diff = [p for p in overlays if attrs[p]["diff"] != "unset"]
     assert overlays and not with_diff, f"overlay files with a diff: {with_diff}"
+
+
+def test_the_library_checks_public_arguments_with_exceptions_not_asserts():
+    """`python -O` drops asserts: a public function or method of the library
+    raises ValueError / TypeError / RuntimeError for a bad argument or call.
+    Asserts stay only in private helpers (internal invariants) and in the
+    generated copies of series modules (their source is the series')."""
+    found = []
+    for path in sorted((ROOT / "python" / "rlsync").rglob("*.py")):
+        text = path.read_text()
+        if text.startswith("# Generated from"):
+            continue
+
+        def visit(node: ast.AST, names: list[str]) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(
+                    child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+                ):
+                    visit(child, names + [child.name])
+                elif isinstance(child, ast.Assert):
+                    if not any(name.startswith("_") for name in names):
+                        where = f"{path.relative_to(ROOT)}:{child.lineno}"
+                        found.append(f"{where} ({'.'.join(names) or 'module'})")
+                else:
+                    visit(child, names)
+
+        visit(ast.parse(text), [])
+    assert found == [], "asserts in public code:\n" + "\n".join(found)

@@ -143,9 +143,12 @@ def call(
     """One HTTP call; the decoded JSON answer, or EngineError. Sends
     `admin_key` (admin routes) or else `api_key` (the server's ordinary
     `--api-key`) as a bearer token."""
-    assert url.startswith(("http://", "https://")), f"url needs a scheme: {url!r}"
-    assert endpoint.startswith("/"), f"endpoint must start with '/': {endpoint!r}"
-    assert timeout > 0, f"timeout must be > 0, got {timeout}"
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"url needs a scheme: {url!r}")
+    if not endpoint.startswith("/"):
+        raise ValueError(f"endpoint must start with '/': {endpoint!r}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0, got {timeout}")
     url = url.rstrip("/")
     try:
         resp = http_client().request(
@@ -307,10 +310,10 @@ def init_weights_update_group(
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
 ) -> dict[str, Any]:
-    assert rank_offset >= 1, "rank 0 is the trainer; engines start at 1"
-    assert (
-        world_size > rank_offset
-    ), f"world_size {world_size} <= rank_offset {rank_offset}"
+    if rank_offset < 1:
+        raise ValueError("rank 0 is the trainer; engines start at 1")
+    if world_size <= rank_offset:
+        raise ValueError(f"world_size {world_size} <= rank_offset {rank_offset}")
     payload = dict(
         master_address=master_address,
         master_port=master_port,
@@ -421,9 +424,8 @@ def update_weights_from_distributed(
     """Upstream's single-phase update (for unpatched servers). On SGLang
     0.5.23 and later it must run inside `begin_weight_update` /
     `end_weight_update`."""
-    assert (
-        len(names) == len(dtypes) == len(shapes)
-    ), "names/dtypes/shapes lengths differ"
+    if not (len(names) == len(dtypes) == len(shapes)):
+        raise ValueError("names/dtypes/shapes lengths differ")
     payload: dict[str, Any] = dict(
         names=list(names),
         dtypes=list(dtypes),
@@ -451,7 +453,8 @@ def update_weights_from_disk(
     admin_key: Optional[str] = None,
     api_key: Optional[str] = None,
 ) -> dict[str, Any]:
-    assert model_path, "model_path cannot be empty"
+    if not model_path:
+        raise ValueError("model_path cannot be empty")
     payload: dict[str, Any] = {"model_path": model_path}
     if weight_version is not None:
         payload["weight_version"] = weight_version
@@ -473,7 +476,8 @@ def get_weights_by_name(
 ) -> list:
     """An admin route: `admin_key` (or a `--api-key` server's key) needed
     where the server has one."""
-    assert name, "name cannot be empty"
+    if not name:
+        raise ValueError("name cannot be empty")
     payload = {"name": name, "truncate_size": truncate_size}
     body = call(
         url,
@@ -531,7 +535,8 @@ def pause_generation(
     """Upstream's /pause_generation: `abort` returns in-flight requests,
     `retract` puts them back in the queue, `in_place` keeps them and their KV
     cache for /continue_generation."""
-    assert mode in PAUSE_MODES, f"mode must be one of {PAUSE_MODES}, got {mode!r}"
+    if mode not in PAUSE_MODES:
+        raise ValueError(f"mode must be one of {PAUSE_MODES}, got {mode!r}")
     return call(
         url,
         "/pause_generation",
@@ -593,9 +598,8 @@ def prepare_weights_update(
     if not buckets:
         raise ValueError("buckets: an update needs at least one bucket")
     metadata = _bucket_metadata(buckets)
-    assert not (
-        defer_digests and any(b.digest for b in metadata)
-    ), "defer_digests: the buckets carry no digest"
+    if defer_digests and any(b.digest for b in metadata):
+        raise ValueError("defer_digests: the buckets carry no digest")
     request = PrepareWeightsUpdateRequest(
         num_buckets=len(metadata),
         buckets=metadata,

@@ -279,7 +279,8 @@ def doctor(
     nccl where torch sees a GPU, else gloo)."""
     trainer = trainer_side()
     backend = backend or default_backend(trainer)
-    assert backend in BACKENDS, f"backend must be one of {BACKENDS}, got {backend!r}"
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     with cf.ThreadPoolExecutor(max_workers=min(8, len(urls)) or 1) as pool:
         engines = list(
             pool.map(lambda u: engine_side(u, api_key=api_key, timeout=timeout), urls)

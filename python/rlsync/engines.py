@@ -19,11 +19,12 @@ from rlsync import client
 
 
 def _check_args(base_url: str, checkpoint_path: str, timeout: float) -> None:
-    assert base_url.startswith(
-        ("http://", "https://")
-    ), f"base_url needs a scheme: {base_url!r}"
-    assert checkpoint_path, "checkpoint_path cannot be empty"
-    assert timeout > 0, f"timeout must be > 0, got {timeout}"
+    if not base_url.startswith(("http://", "https://")):
+        raise ValueError(f"base_url needs a scheme: {base_url!r}")
+    if not checkpoint_path:
+        raise ValueError("checkpoint_path cannot be empty")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be > 0, got {timeout}")
 
 
 async def update_sglang_weights_from_disk(
@@ -137,8 +138,10 @@ async def sync_weights_to_engines(
 ) -> list[EngineSyncResult]:
     """Every engine reloads `checkpoint_path` at once; one result per engine,
     in the order given, failures included."""
-    assert len(engines) > 0, "Must provide at least one engine"
-    assert checkpoint_path, "checkpoint_path cannot be empty"
+    if not engines:
+        raise ValueError("Must provide at least one engine")
+    if not checkpoint_path:
+        raise ValueError("checkpoint_path cannot be empty")
 
     async def one(engine: InferenceEngine) -> EngineSyncResult:
         t0 = time.perf_counter()

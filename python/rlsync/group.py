@@ -70,11 +70,16 @@ def _check_join_args(
     problem = nccl_without_gpu(backend)
     if problem:
         raise ValueError(problem)
-    assert master_address, "master_address cannot be empty"
-    assert 0 < master_port < 65536, f"master_port out of range: {master_port}"
-    assert world_size >= 2, f"world_size must be >= 2, got {world_size}"
-    assert 0 <= rank < world_size, f"rank {rank} not in [0, {world_size})"
-    assert group_name, "group_name cannot be empty"
+    if not master_address:
+        raise ValueError("master_address cannot be empty")
+    if not (0 < master_port < 65536):
+        raise ValueError(f"master_port out of range: {master_port}")
+    if world_size < 2:
+        raise ValueError(f"world_size must be >= 2, got {world_size}")
+    if not (0 <= rank < world_size):
+        raise ValueError(f"rank {rank} not in [0, {world_size})")
+    if not group_name:
+        raise ValueError("group_name cannot be empty")
 
 
 def rendezvous_store(
@@ -229,7 +234,8 @@ class GroupJoin:
 
     def result(self) -> dist.ProcessGroup:
         """The group, once `future` is done; the join's exception otherwise."""
-        assert self.future.done(), "the join has not finished"
+        if not self.future.done():
+            raise RuntimeError("the join has not finished")
         return self.future.result()
 
     def _enter(self, stage: str) -> None:

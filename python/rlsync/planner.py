@@ -76,9 +76,11 @@ def as_spec(spec: SpecLike) -> TensorSpec:
     if isinstance(spec, TensorSpec):
         return spec
     name, dtype, shape = spec
-    assert isinstance(name, str) and name, f"a spec needs a name, got {name!r}"
+    if not (isinstance(name, str) and name):
+        raise ValueError(f"a spec needs a name, got {name!r}")
     dims = tuple(int(d) for d in shape)
-    assert all(d >= 0 for d in dims), f"{name}: negative shape {list(dims)}"
+    if not all(d >= 0 for d in dims):
+        raise ValueError(f"{name}: negative shape {list(dims)}")
     return TensorSpec(name, dtype_of(dtype), dims)
 
 
@@ -123,15 +125,16 @@ def plan_counts(
     each bucket takes, given each tensor's (name, byte count). Order is kept,
     every tensor appears once, no bucket exceeds its budget (`bucket_budget`)
     unless one tensor alone does (then it gets a bucket of its own)."""
-    assert bucket_bytes > 0, f"bucket_bytes must be > 0, got {bucket_bytes}"
-    assert (
-        first_bucket_bytes is None or first_bucket_bytes > 0
-    ), f"first_bucket_bytes must be > 0, got {first_bucket_bytes}"
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
+    if first_bucket_bytes is not None and first_bucket_bytes <= 0:
+        raise ValueError(f"first_bucket_bytes must be > 0, got {first_bucket_bytes}")
     counts: list[int] = []
     count = nbytes = 0
     seen: set[str] = set()
     for name, size in named_sizes:
-        assert name not in seen, f"duplicate tensor name {name!r}"
+        if name in seen:
+            raise ValueError(f"duplicate tensor name {name!r}")
         seen.add(name)
         budget = bucket_budget(len(counts), bucket_bytes, first_bucket_bytes)
         if count and nbytes + size > budget:

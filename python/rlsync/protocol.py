@@ -49,9 +49,10 @@ class BucketMetadata:
     digest: Optional[str] = None  # "psum61:<s1>:<s2>", checked before apply
 
     def __post_init__(self):
-        assert (
-            len(self.names) == len(self.dtypes) == len(self.shapes)
-        ), f"names/dtypes/shapes lengths differ: {len(self.names)}/{len(self.dtypes)}/{len(self.shapes)}"
+        if not (len(self.names) == len(self.dtypes) == len(self.shapes)):
+            raise ValueError(
+                f"names/dtypes/shapes lengths differ: {len(self.names)}/{len(self.dtypes)}/{len(self.shapes)}"
+            )
 
     def to_json(self) -> dict[str, Any]:
         return _drop_none(dataclasses.asdict(self))

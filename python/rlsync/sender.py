@@ -349,7 +349,8 @@ def _flatten(
     if pack == "cat":
         flat = torch.cat(parts)
         return flat if device is None else flat.to(device, non_blocking=True)
-    assert pack == "copy", f"pack must be 'copy' or 'cat', got {pack!r}"
+    if pack != "copy":
+        raise ValueError(f"pack must be 'copy' or 'cat', got {pack!r}")
     flat = torch.empty(
         sum(p.numel() for p in parts),
         dtype=torch.uint8,
@@ -606,12 +607,14 @@ class WeightSender:
         `wire` (`rlsync.wire.Wire`): what makes each broadcast of a sync;
         the default is torch.distributed's. A wrapper traces what is sent, or
         injects a broken transport's faults (as the soak does)."""
-        assert engines, "WeightSender needs at least one engine"
-        assert load_format in (
-            FLATTENED,
-            None,
-        ), f"load_format must be {FLATTENED!r} or None, got {load_format!r}"
-        assert len({e.url for e in engines}) == len(engines), "duplicate engine URL"
+        if not engines:
+            raise ValueError("WeightSender needs at least one engine")
+        if load_format not in (FLATTENED, None):
+            raise ValueError(
+                f"load_format must be {FLATTENED!r} or None, got {load_format!r}"
+            )
+        if len({e.url for e in engines}) != len(engines):
+            raise ValueError("duplicate engine URL")
         self.engines = engines
         self.master_address, self.master_port = master_address, master_port
         # As torch names it: "NCCL" is NCCL too.
@@ -1001,8 +1004,10 @@ class WeightSender:
         is pulled. `prepare_digests`: one per bucket, sent
         with the prepare; None with digests on defers them to the first
         complete."""
-        assert self.group is not None, "call connect() first"
-        assert plans, "nothing to send"
+        if self.group is None:
+            raise RuntimeError("call connect() first")
+        if not plans:
+            raise ValueError("nothing to send")
         report = progress_bar() if progress is True else (progress or None)
         defer_digests = self.digests and prepare_digests is None
         if defer_digests:
@@ -1297,7 +1302,8 @@ class WeightSender:
         copy_as_pulled: bool,
         framing: Optional[BucketFraming],
     ) -> list[str]:
-        assert self.group is not None, "call connect() first"
+        if self.group is None:
+            raise RuntimeError("call connect() first")
         if self.load_format == FLATTENED:
             return stream_buckets(
                 plans,
@@ -1334,7 +1340,8 @@ class WeightSender:
             )
         ):
             return None
-        assert self.group is not None, "call connect() first"
+        if self.group is None:
+            raise RuntimeError("call connect() first")
         device = self.device or ("cuda" if self.backend == "nccl" else "cpu")
         return BucketFraming(self.session_id, self.group, buckets, device, self.wire)
 

@@ -103,7 +103,8 @@ class TensorStream:
     def pull(self) -> torch.Tensor:
         """The next tensor; StreamMismatch, naming it, unless it matches."""
         index = self.pulled
-        assert index < len(self.specs), "every spec's tensor was pulled already"
+        if index >= len(self.specs):
+            raise RuntimeError("every spec's tensor was pulled already")
         spec = self.specs[index]
         try:
             item = next(self._tensors)
@@ -130,7 +131,8 @@ class TensorStream:
 
     def finish(self) -> None:
         """StreamMismatch unless the stream ends with the last spec."""
-        assert self.pulled == len(self.specs), "tensors left to pull"
+        if self.pulled != len(self.specs):
+            raise RuntimeError("tensors left to pull")
         try:
             next(self._tensors)
         except StopIteration:

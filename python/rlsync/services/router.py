@@ -163,8 +163,10 @@ class _Event:
 
 class Router:
     def __init__(self, config: RouterConfig):
-        assert config.workers, "the router needs at least one worker"
-        assert len(set(config.workers)) == len(config.workers), "duplicate worker URL"
+        if not config.workers:
+            raise ValueError("the router needs at least one worker")
+        if len(set(config.workers)) != len(config.workers):
+            raise ValueError("duplicate worker URL")
         self.config = config
         self.admin_key = (
             check_key("admin_api_key", config.admin_api_key)

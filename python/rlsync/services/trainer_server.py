@@ -217,7 +217,8 @@ def create_trainer_app(
         if bad:
             raise ValueError(f"allowed_hosts: not a hostname or IP literal: {bad}")
         allowed = frozenset(url_host(h) for h in hosts)
-    assert 1 <= max_world_size, f"max_world_size must be >= 1, got {max_world_size}"
+    if max_world_size < 1:
+        raise ValueError(f"max_world_size must be >= 1, got {max_world_size}")
     engines: dict[str, Engine] = {}
     state: dict[str, Any] = {"sender": None, "key": None}
     lock = asyncio.Lock()
