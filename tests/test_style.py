@@ -170,3 +170,54 @@ def test_the_library_checks_public_arguments_with_exceptions_not_asserts():
 
         visit(ast.parse(text), [])
     assert found == [], "asserts in public code:\n" + "\n".join(found)
+
+
+def library_imports() -> dict[str, set[str]]:
+    """Each module of the library and the library modules it imports,
+    anywhere in it (in functions and under TYPE_CHECKING too)."""
+    package = ROOT / "python"
+    modules = {
+        ".".join(p.relative_to(package).with_suffix("").parts).removesuffix(
+            ".__init__"
+        ): p
+        for p in (package / "rlsync").rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        base = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                parent = base
+                for _ in range(node.level - 1):
+                    parent = parent.rpartition(".")[0]
+                stem = (
+                    node.module
+                    if not node.level
+                    else ".".join(p for p in (parent, node.module) if p)
+                )
+                found.add(stem)
+                found |= {f"{stem}.{a.name}" for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_the_library_has_no_import_circle():
+    graph = library_imports()
+    assert (
+        "rlsync.services.router" in graph["rlsync.cli"]
+    )  # the graph sees lazy imports
+    circles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for nxt in sorted(graph[module]):
+            if nxt in path:
+                circles.append(" -> ".join(path[path.index(nxt) :] + [nxt]))
+            elif len(path) < len(graph):
+                visit(nxt, path + [nxt])
+
+    for module in sorted(graph):
+        visit(module, [module])
+    assert circles == [], "import circles:\n" + "\n".join(sorted(set(circles)))

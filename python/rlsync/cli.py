@@ -18,11 +18,12 @@ from rlsync import SERIES, SGLANG_VERSIONS, __version__
 
 def engine_url(text: str) -> str:
     """An engine's base URL, http(s)://host:port."""
-    if not text.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(
-            f"{text!r} needs a scheme: http://{text} or https://{text}"
-        )
-    return text
+    from rlsync import client
+
+    try:
+        return client.require_scheme(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def add_api_key_option(parser: argparse.ArgumentParser) -> None:

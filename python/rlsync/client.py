@@ -130,6 +130,13 @@ def bearer_headers(
     return {}
 
 
+def require_scheme(url: str) -> str:
+    """`url` when it is http(s)://...; ValueError saying how to write it."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{url!r} needs a scheme: http://{url} or https://{url}")
+    return url
+
+
 def call(
     url: str,
     endpoint: str,
@@ -143,8 +150,7 @@ def call(
     """One HTTP call; the decoded JSON answer, or EngineError. Sends
     `admin_key` (admin routes) or else `api_key` (the server's ordinary
     `--api-key`) as a bearer token."""
-    if not url.startswith(("http://", "https://")):
-        raise ValueError(f"url needs a scheme: {url!r}")
+    require_scheme(url)
     if not endpoint.startswith("/"):
         raise ValueError(f"endpoint must start with '/': {endpoint!r}")
     if timeout <= 0:

@@ -50,13 +50,13 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from rlsync.cli import engine_url
 from rlsync.client import (
     authorization,
     bearer_headers,
     bearer_ok,
     check_key,
     error_message,
+    require_scheme,
     visible_ascii,
 )
 from rlsync.request_body import DEFAULT_MAX_BODY_BYTES, BodyTooLarge, read_json_object
@@ -926,8 +926,8 @@ def parse_args(
         ap.error(f"unrecognized arguments: {' '.join(unknown)}")
     for url in args.workers:
         try:
-            engine_url(url)
-        except argparse.ArgumentTypeError as e:
+            require_scheme(url)
+        except ValueError as e:
             ap.error(f"argument WORKER_URL: {e}")
     return args
 

@@ -21,7 +21,7 @@ worker gauges are read from the router's own state at each scrape.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -33,11 +33,21 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from rlsync.services.router import Worker
-
 PREFIX = "rlsync:router_"
 WORKER_STATES = ("ready", "updating", "rejoining", "disabled", "dead")
+
+
+class Worker(Protocol):
+    """What the gauges read of a router's worker (`router.Worker`)."""
+
+    url: str
+    in_flight: int
+    routed: int
+
+    @property
+    def state(self) -> str: ...
+
+
 # ok: every live worker succeeded; partial: some did; failed: none did;
 # refused: the router answered without asking a worker (a 400 or 413 for the
 # input, a 503 past --admin-wait, a 503 with no live worker).
