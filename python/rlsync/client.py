@@ -61,6 +61,9 @@ CONNECT_TIMEOUT = 10.0
 # Seconds an HTTP call waits past the server-side timeout it sends, for the
 # answer to come back.
 HTTP_MARGIN = 30.0
+# A complete's margin past its wait for the bytes: after the wait it still
+# verifies, applies and (with flush_cache) waits for requests in flight.
+COMPLETE_MARGIN = 60.0
 
 _http_clients: dict[int, httpx.Client] = {}
 _http_clients_lock = threading.Lock()

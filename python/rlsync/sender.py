@@ -1267,7 +1267,10 @@ class WeightSender:
     def _complete_timeouts(self) -> dict[str, float]:
         """An engine waits for missing bytes (or, for a cache flush, for
         in-flight requests) no longer than this sender's timeout."""
-        return {"wait_timeout": self.timeout, "timeout": self.timeout + 60}
+        return {
+            "wait_timeout": self.timeout,
+            "timeout": self.timeout + client.COMPLETE_MARGIN,
+        }
 
     def _naming_the_knob(self, step: str, errors: list[str]) -> str:
         """`errors` joined; where one says that a wait ran out, followed by
@@ -1290,7 +1293,7 @@ class WeightSender:
         return (
             f"each engine's complete waits up to {timeout} s for missing bytes "
             f"(with flush_cache, for requests in flight); its answer is awaited "
-            f"{self.timeout + 60:g} s"
+            f"{self.timeout + client.COMPLETE_MARGIN:g} s"
         )
 
     def _broadcast(
