@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from harness.cpu_sglang import free_port
-from rlsync import client
+from rlsync import auth
 from rlsync.services.trainer_server import (
     API_KEY_ENV,
     MAX_WORLD_SIZE,
@@ -355,15 +355,15 @@ def test_no_answer_or_log_line_holds_a_key(api, caplog):
 def test_client_refuses_a_key_that_cannot_go_into_a_header(key):
     for kwargs in ({"admin_key": key}, {"api_key": key}):
         with pytest.raises(ValueError) as err:
-            client.bearer_headers(**kwargs)
+            auth.bearer_headers(**kwargs)
         name = next(iter(kwargs))
         assert str(err.value).startswith(f"{name}: ") and key not in str(err.value)
 
 
 def test_client_sends_the_admin_key_else_the_api_key():
-    assert client.bearer_headers() == {}
-    assert client.bearer_headers(api_key="a-key") == {"Authorization": "Bearer a-key"}
-    both = client.bearer_headers(admin_key="admin", api_key="a-key")
+    assert auth.bearer_headers() == {}
+    assert auth.bearer_headers(api_key="a-key") == {"Authorization": "Bearer a-key"}
+    both = auth.bearer_headers(admin_key="admin", api_key="a-key")
     assert both == {"Authorization": "Bearer admin"}
 
 
@@ -382,4 +382,4 @@ def test_client_sends_the_admin_key_else_the_api_key():
     ],
 )
 def test_bearer_ok_on_raw_header_bytes(headers, ok):
-    assert client.bearer_ok(headers, b"k3y") is ok
+    assert auth.bearer_ok(headers, b"k3y") is ok

@@ -50,15 +50,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from rlsync.client import (
+from rlsync.auth import (
     authorization,
     bearer_headers,
     bearer_ok,
     check_key,
-    error_message,
-    require_scheme,
     visible_ascii,
 )
+from rlsync.client import error_message, require_scheme
 from rlsync.request_body import DEFAULT_MAX_BODY_BYTES, BodyTooLarge, read_json_object
 from rlsync.services import router_metrics
 

@@ -42,7 +42,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from rlsync.client import bearer_ok, check_key
+from rlsync.auth import bearer_ok, check_key
 from rlsync.request_body import BodyTooLarge, read_json_object
 from rlsync.sender import Engine, SyncError, SyncResult, Weights, WeightSender
 
