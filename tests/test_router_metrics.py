@@ -36,6 +36,7 @@ class FakeWorker:
         self.bodies: dict[str, list[Any]] = {}
         self.hold: dict[str, threading.Event] = {}
         self.holding = threading.Event()  # a held route has been asked
+        self.server_info: dict[str, Any] = {"tp_size": 1, "dp_size": 1}
         worker = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -53,7 +54,7 @@ class FakeWorker:
             def do_GET(self) -> None:
                 answers = {
                     "/health": {},
-                    "/server_info": {"tp_size": 1, "dp_size": 1},
+                    "/server_info": worker.server_info,
                     "/model_info": {"weight_version": "v0"},
                 }
                 if self.path in worker.hold:  # a host that stopped answering
@@ -381,3 +382,15 @@ def test_a_probe_past_its_deadline_marks_only_that_worker_dead(fake_workers):
 def test_health_seconds_must_be_positive(field, seconds):
     with pytest.raises(ValueError, match=f"{field}: seconds must be > 0"):
         RouterConfig([NOBODY], **{field: seconds})
+
+
+def test_a_workers_update_group_ranks_follow_the_libraries_rule(fake_workers):
+    """TP and DP as `/server_info` says, except that attention data
+    parallelism's replicas share one TP group (as `Engine.from_server`)."""
+    plain, attention = fake_workers(2)
+    plain.server_info = {"tp_size": 2, "dp_size": 4}
+    attention.server_info = {"tp_size": 2, "dp_size": 4, "enable_dp_attention": True}
+    with router_client([plain.url, attention.url]) as http:
+        view = workers_view(http)
+    assert (view[plain.url]["tp_size"], view[plain.url]["dp_size"]) == (2, 4)
+    assert (view[attention.url]["tp_size"], view[attention.url]["dp_size"]) == (2, 1)

@@ -765,7 +765,14 @@ def update_group_shape(url: str, info: dict[str, Any]) -> tuple[int, int]:
         isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (tp, dp)
     ):
         raise EngineError(url, "/server_info", 200, f"tp_size {tp!r}, dp_size {dp!r}")
-    return tp, 1 if info.get("enable_dp_attention") else dp
+    return tp, update_group_dp(info, dp)
+
+
+def update_group_dp(info: dict[str, Any], dp_size: int) -> int:
+    """The DP replicas of a server (`/server_info` answer `info`) whose TP
+    ranks join the update group: `dp_size`, or 1 with attention data
+    parallelism (its replicas share one TP group)."""
+    return 1 if info.get("enable_dp_attention") else dp_size
 
 
 def require_features(

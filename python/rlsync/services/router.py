@@ -57,7 +57,7 @@ from rlsync.auth import (
     check_key,
     visible_ascii,
 )
-from rlsync.client import error_message, require_scheme
+from rlsync.client import error_message, require_scheme, update_group_dp
 from rlsync.request_body import DEFAULT_MAX_BODY_BYTES, BodyTooLarge, read_json_object
 from rlsync.services import router_metrics
 
@@ -252,8 +252,7 @@ class Router:
             else:
                 self._unread.discard((w.url, field))
             setattr(w, field, value)
-        if info.get("enable_dp_attention"):
-            w.dp_size = 1  # attention DP shares one TP group: its ranks are TP's
+        w.dp_size = update_group_dp(info, w.dp_size)
 
     async def _version(self, w: Worker) -> tuple[bool, Optional[str]]:
         """(True, the worker's weight version) or (False, None), warned."""
