@@ -41,7 +41,8 @@ What each kind must hold.
   code compiles, `python -m X` names an importable module, `python F` an
   existing file; `pip install ./path[extra]` names a directory and extras
   its pyproject declares (`dist/...` wheels are build outputs, not
-  checked). `cd`, `export`, `git`, `curl`, `.` (`source`) and `$EDITOR` are not checked;
+  checked); a `torch` requirement is the library's declared range or one
+  version in it. `cd`, `export`, `git`, `curl`, `.` (`source`) and `$EDITOR` are not checked;
   any other command fails, so a new one gets a check. A usage line
   (`rlsync status URL... [--api-key K]`) is read as a command: brackets
   around optional parts dropped (the parts kept, so their flags are
@@ -85,6 +86,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from devtools import releases, series
 from harness.doc_blocks import (
@@ -374,9 +377,36 @@ def check_python_command(words: list[str]) -> list[str]:
     return []
 
 
+@functools.cache
+def library_torch() -> SpecifierSet:
+    """The torch versions the library declares (python/pyproject.toml)."""
+    project = tomllib.loads((ROOT / "python" / "pyproject.toml").read_text())
+    (torch,) = [
+        r
+        for r in map(Requirement, project["project"]["dependencies"])
+        if r.name == "torch"
+    ]
+    return torch.specifier
+
+
+def check_torch(word: str) -> list[str]:
+    """A torch to install first: the library's range, or one version in it
+    (unpinned, pip may take a torch the library then replaces)."""
+    spec, declared = Requirement(word).specifier, library_torch()
+    if spec == declared:
+        return []
+    pinned = [s.version for s in spec if s.operator == "=="]
+    if len(spec) == 1 and pinned and pinned[0] in declared:
+        return []
+    return [f"pip install {word}: the library takes torch{declared}; name that range"]
+
+
 def check_pip(words: list[str]) -> list[str]:
     problems = []
     for word in words[2:]:
+        if re.match(r"^torch\b(?![-\w])", word):
+            problems += check_torch(word)
+            continue
         if not word.startswith("./"):
             continue
         m = re.match(r"^(.*?)(?:\[([\w,]+)\])?$", word)
@@ -773,3 +803,18 @@ def test_a_server_flag_the_pinned_sglang_lacks_is_named():
         ["--model-path", "m", "--weight-update-deadline", "1"]
     )
     assert problem == f"{SERVER_MODULE}: no flag --weight-update-deadline"
+
+
+@pytest.mark.parametrize(
+    "line,ok",
+    [
+        ("pip install 'torch>=2.6,<2.15' --index-url https://x/cpu", True),
+        ("pip install torch==2.9.1 --index-url https://x/cu128", True),
+        ("pip install torch --index-url https://x/cpu", False),
+        ("pip install 'torch>=2.6' --index-url https://x/cpu", False),
+        ("pip install torch==2.15.0", False),
+        ("pip install torchvision", True),
+    ],
+)
+def test_a_torch_to_install_first_is_one_the_library_takes(line, ok):
+    assert (problems_of_page(f"x\n\n    {line}\n") == []) is ok

@@ -64,8 +64,9 @@ def readme_output_example() -> list[str]:
 
 
 def masked(line: str) -> str:
-    """A line of output with its checksums and numbers as placeholders."""
+    """A line of output with its checksums, paths and numbers as placeholders."""
     line = re.sub(r"sha256:[0-9a-f]+(\.\.\.)?", "sha256:H", line.strip())
+    line = re.sub(r"(?<![:/\w])/\S+", "PATH", line)
     return re.sub(r"\d+(\.\d+)?", "N", line)
 
 

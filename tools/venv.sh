@@ -19,7 +19,14 @@ if [ ! -f "$venv/.rlsync-complete" ]; then
   mkdir -p "$cache"
   "$PYTHON" -m venv "$venv"
   "$venv/bin/python" -m pip install --quiet --upgrade -c "$constraints" setuptools wheel
-  "$venv/bin/python" -m pip install --quiet -c "$constraints" -r requirements-dev.txt
+  # pip's whole log to a file; each package as it comes to the terminal, so
+  # that ten quiet minutes do not look like a hang.
+  log=$cache/venv-$key.log
+  echo "venv: pip's log: $log"
+  "$venv/bin/python" -m pip install --progress-bar off -c "$constraints" -r requirements-dev.txt 2>&1 \
+    | tee "$log" | { grep --line-buffered -E '^(Collecting|Processing|Installing collected packages)' || true; } \
+    | sed -u -e 's/^\(.\{96\}\).*/\1 .../' -e 's/^/venv:   /' \
+    || { tail -n 30 "$log"; echo "venv: pip failed (log: $log)"; exit 1; }
   touch "$venv/.rlsync-complete"
 fi
 link=.venv-$SGLANG_VERSION
