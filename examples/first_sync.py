@@ -14,7 +14,9 @@ this machine (it reads the model path from the server's `/server_info`, or
 3. a sync of the checkpoint's own tensors: the checksum must be the first
    one again, bit for bit, which no label or version can fake.
 
-Exit 0 when all three hold. Use `--backend nccl` from a GPU trainer.
+Each sync streams the tensors from disk as their buckets are packed: the
+trainer holds two buckets at most, so a large checkpoint fits too. Exit 0
+when all three hold. Use `--backend nccl` from a GPU trainer.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import socket
 import struct
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -50,30 +53,46 @@ DTYPES = {
 }
 
 
-def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """(name, tensor) of one .safetensors file."""
-    data = path.read_bytes()
-    (header_len,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8 : 8 + header_len])
-    body = memoryview(data)[8 + header_len :]
-    for name, spec in header.items():
-        if name == "__metadata__":
-            continue
-        if spec["dtype"] not in DTYPES:
-            raise SystemExit(f"{path}: {name} has dtype {spec['dtype']}, not read here")
-        start, end = spec["data_offsets"]
-        raw = bytearray(body[start:end])
-        tensor = torch.frombuffer(raw, dtype=DTYPES[spec["dtype"]]) if raw else None
-        if tensor is None:
-            tensor = torch.empty(0, dtype=DTYPES[spec["dtype"]])
-        yield name, tensor.reshape(spec["shape"])
+@dataclass(frozen=True)
+class StoredTensor:
+    """A tensor of a .safetensors file: where its bytes are, not the bytes."""
+
+    path: Path
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+    def read(self) -> torch.Tensor:
+        raw = bytearray(self.end - self.start)
+        with self.path.open("rb") as f:
+            f.seek(self.start)
+            f.readinto(raw)
+        if not raw:
+            return torch.empty(self.shape, dtype=self.dtype)
+        return torch.frombuffer(raw, dtype=self.dtype).reshape(self.shape)
 
 
-def checkpoint(model_path: Path) -> dict[str, torch.Tensor]:
+def stored_tensors(model_path: Path) -> list[StoredTensor]:
+    """Every tensor of a checkpoint's .safetensors files, from their headers."""
     files = sorted(model_path.glob("*.safetensors"))
     if not files:
         raise SystemExit(f"{model_path}: no .safetensors files")
-    return {name: t for f in files for name, t in read_safetensors(f)}
+    found = []
+    for path in files:
+        with path.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(header_len))
+        for name, spec in header.items():
+            if name == "__metadata__":
+                continue
+            if spec["dtype"] not in DTYPES:
+                raise SystemExit(f"{path}: {name} is {spec['dtype']}, not read here")
+            start, end = (8 + header_len + offset for offset in spec["data_offsets"])
+            dtype, shape = DTYPES[spec["dtype"]], tuple(spec["shape"])
+            found.append(StoredTensor(path, name, dtype, shape, start, end))
+    return found
 
 
 def free_port() -> int:
@@ -116,8 +135,22 @@ def wait_until_healthy(url: str, seconds: float) -> None:
         time.sleep(1.0)
 
 
-def sync(sender: WeightSender, weights: dict[str, torch.Tensor], version: str) -> None:
-    result = sender.sync(weights, weight_version=version, atomic=True)
+def sync(
+    sender: WeightSender, stored: list[StoredTensor], plus: float, version: str
+) -> None:
+    """Stream the checkpoint's tensors, each floating-point one plus `plus`:
+    each is read from disk only while its bucket is packed, so the trainer
+    holds at most two buckets, whatever the model's size."""
+
+    def tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for t in stored:
+            tensor = t.read()
+            # + 0.0 would turn -0.0 into 0.0: the checkpoint goes as it is
+            changed = plus and tensor.is_floating_point()
+            yield t.name, tensor + plus if changed else tensor
+
+    specs = [(t.name, t.dtype, t.shape) for t in stored]
+    result = sender.sync_stream(specs, tensors(), weight_version=version, atomic=True)
     print(
         f"synced {version!r}: {result.bytes / 2**20:.1f} MiB in "
         f"{result.buckets} bucket(s), {result.seconds:.2f} s, every bucket's "
@@ -134,20 +167,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     model_path = args.model_path or Path(
         client.server_info(args.url, api_key=args.api_key)["model_path"]
     )
-    weights = checkpoint(model_path)
+    stored = stored_tensors(model_path)
     print(f"{engine.url}: TP {engine.tp_size}, DP {engine.dp_size}, {model_path}")
     before = checksum(engine)
     print(f"checksum of the checkpoint it loaded:  {before}")
-    changed = {
-        name: t + 0.01 if t.is_floating_point() else t for name, t in weights.items()
-    }
     sender = WeightSender([engine], master_port=free_port(), backend=args.backend)
     sender.connect()
     try:
-        sync(sender, changed, "first-sync-changed")
+        sync(sender, stored, 0.01, "first-sync-changed")
         after_change = checksum(engine)
         print(f"checksum after the changed weights:   {after_change}")
-        sync(sender, weights, "first-sync-restored")
+        sync(sender, stored, 0.0, "first-sync-restored")
         restored = checksum(engine)
         print(f"checksum after the checkpoint again:  {restored}")
     finally:

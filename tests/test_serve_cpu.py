@@ -4,7 +4,8 @@ the README's own commands, then Ctrl-C and no process left.
 
 `make test-quickstart` runs the same test with the README's trainer install
 too (a new venv, a CPU-only torch from its index, the library: minutes and
-the network), as a new user's shell would: its own HOME, no pip settings."""
+the network: download.pytorch.org), as a new user's shell would: its own
+HOME, not the pinned venv."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+import torch
 
 from harness.cpu_sglang import free_port
 from harness.doc_blocks import all_chunks, command_lines, reader_env
@@ -72,7 +74,8 @@ def masked(line: str) -> str:
 
 def trainer_env(tmp_path: Path) -> dict[str, str]:
     """What the README's trainer commands run with. With the install: a new
-    user's shell (its own HOME, no pip settings, not this venv). Without:
+    user's shell (its own HOME, the machine's pip settings but no
+    constraints file, not this venv). Without:
     this checkout's library and this interpreter as `rlsync` and `python`
     (tests/test_wheel.py installs the library into a fresh venv)."""
     if not RUN_INSTALL:
@@ -83,7 +86,8 @@ def trainer_env(tmp_path: Path) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("PIP_", "PYTHON", "MAKE", "MFLAGS", "VIRTUAL_ENV"))
+        if k != "PIP_CONSTRAINT"
+        and not k.startswith(("PYTHON", "MAKE", "MFLAGS", "VIRTUAL_ENV"))
     }
     env["PATH"] = os.pathsep.join(
         d for d in env.get("PATH", "").split(os.pathsep) if d != venv_bin
@@ -196,3 +200,32 @@ def test_serve_cpu_refuses_a_model_path_that_is_no_directory(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_args(["--model-path", str(tmp_path / "missing")])
     assert "--model-path:" in capsys.readouterr().err
+
+
+def test_first_sync_reads_a_checkpoint_as_safetensors_writes_it(tmp_path):
+    """The example reads .safetensors by hand (the trainer needs nothing but
+    torch): every dtype it names, an empty tensor and -0.0 come back bit for
+    bit as the safetensors library wrote them."""
+    from safetensors.torch import save_file
+
+    from examples.first_sync import DTYPES, stored_tensors
+
+    written = {
+        f"t.{str(dtype).removeprefix('torch.')}": (torch.arange(12) - 6)
+        .to(dtype)
+        .reshape(3, 4)
+        for dtype in DTYPES.values()
+    }
+    written["empty"] = torch.empty(0, 5, dtype=torch.bfloat16)
+    written["negative_zero"] = torch.tensor([-0.0, 0.0, -1.5], dtype=torch.float32)
+    save_file(dict(list(written.items())[:5]), tmp_path / "a.safetensors")
+    save_file(dict(list(written.items())[5:]), tmp_path / "b.safetensors")
+    read = {t.name: t.read() for t in stored_tensors(tmp_path)}
+    assert read.keys() == written.keys()
+    for name, tensor in written.items():
+        got = read[name]
+        assert (got.dtype, got.shape) == (tensor.dtype, tensor.shape), name
+        assert (
+            got.view(-1).view(torch.uint8).tolist()
+            == tensor.view(-1).view(torch.uint8).tolist()
+        ), name
