@@ -44,11 +44,20 @@ class Smoke:
 
 
 def series_digest(layout: Layout) -> str:
-    """What a smoke ran: the release's series (ports included), by content."""
+    """What a smoke ran: the changes of the release's series (ports
+    included), in order. Not the patches' file names or messages: renaming
+    a patch or rewording its message changes no tree a smoke ran on."""
     digest = hashlib.sha256()
     for patch in layout.patches():
-        digest.update(patch.read_bytes())
+        digest.update(patch_changes(patch.read_text()).encode())
     return digest.hexdigest()[:12]
+
+
+def patch_changes(text: str) -> str:
+    """A patch file's diffs: from its first `diff --git` on (its header and
+    message dropped)."""
+    start = text.find("diff --git ")
+    return text[start:] if start >= 0 else ""
 
 
 def smoke_tree(layout: Layout) -> Path:

@@ -333,8 +333,21 @@ def test_a_smoke_result_is_kept_per_release_and_shown_in_the_table(tmp_path):
     )
     assert table.endswith(f"{end}\nafter\n")
     assert smoke.read_smokes(root)[release] == done
-    # A smoke says what it ran: once the series changes, the table says so.
+    # A smoke says what it ran: a reworded message changes no tree, so the
+    # smoke stands; once a change does, the table says so.
     patch = ran.patches()[0]
+    text = patch.read_text()
+    header, diffs = text.split("diff --git ", 1)
+    patch.write_text(
+        header.replace("Subject: ", "Subject: reworded: ", 1)
+        + "\nMore words for a reviewer.\n\ndiff --git "
+        + diffs
+    )
+    matrix.write_table(root)
+    (row,) = [
+        l for l in page.read_text().splitlines() if l.startswith(f"| {release} |")
+    ]
+    assert "stale" not in row and "fail 2/3" in row
     patch.write_text(patch.read_text() + "\n")
     matrix.write_table(root)
     assert f"| stale: the series changed since (fail 2/3, {done.date}" in (
