@@ -123,15 +123,25 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 def wait_until_healthy(url: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
+    """Return once `url`'s /health is 200, saying every 30 s that it waits."""
+    start = time.monotonic()
+    said = None
     while True:
         try:
             if client.health(url, timeout=5) == 200:
                 return
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{url}: /health not 200 after {seconds:.0f} s")
+            why = "not healthy yet"
+        except httpx.HTTPError as e:
+            why = f"not answering yet ({type(e).__name__})"
+        waited = time.monotonic() - start
+        if waited > seconds:
+            raise SystemExit(f"{url}: /health not 200 after {seconds:.0f} s: {why}")
+        if said is None or waited - said >= 30:
+            print(
+                f"waiting for {url}/health: {why}; {waited:.0f} of {seconds:.0f} s",
+                flush=True,
+            )
+            said = waited
         time.sleep(1.0)
 
 

@@ -6,13 +6,15 @@ a test aid, not a way to serve: CPU inference is slow.
     make serve-cpu                                  # a tiny random model, TP 1
     make serve-cpu MODEL=/models/qwen TP=2 PORT=30000 ARGS="--admin-api-key k"
 
-It prints the URL once the server is healthy and runs until Ctrl-C (or
-SIGTERM), then stops every process it started.
+It prints the URL and its pid once the server is healthy and runs until
+Ctrl-C (or SIGINT / SIGTERM to that pid), then stops every process it
+started.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -80,7 +82,8 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    print(f"serving {server.url} (Ctrl-C stops it)", flush=True)
+    pid = os.getpid()
+    print(f"serving {server.url} (Ctrl-C or `kill -INT {pid}` stops it)", flush=True)
     try:
         while not stopping.wait(1.0):
             if not server.alive():

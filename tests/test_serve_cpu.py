@@ -25,6 +25,7 @@ import torch
 
 from harness.cpu_sglang import free_port
 from harness.doc_blocks import all_chunks, command_lines, reader_env
+from harness.http_stand_in import HttpStandIn
 from harness.serve_cpu import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -169,14 +170,15 @@ def test_readme_quickstart_serves_syncs_checks_and_stops_on_ctrl_c(tmp_path):
         loaded = re.search(r"checkpoint it loaded: +(sha256:\w+)", first_sync)
         assert loaded and f"{url}  {loaded.group(1)}  " in checksum, checksum
 
+        # The pid the serving line names (under make, make's child) stops it.
+        said = re.search(r"`kill -INT (\d+)` stops it", line)
+        assert said, line
+        pid = int(said.group(1))
+        assert RUN_INSTALL or pid == proc.pid
         children = psutil.Process(proc.pid).children(recursive=True)
         assert children, "no server process under serve-cpu"
-        if RUN_INSTALL:  # Ctrl-C in make's terminal: make reports the interrupt
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=60)
-        else:
-            os.kill(proc.pid, signal.SIGINT)
-            assert proc.wait(timeout=60) == 0
+        os.kill(pid, signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
         assert "stopped" in proc.stdout.read()
         gone, alive = psutil.wait_procs(children, timeout=30)
         assert not alive, f"left running: {alive}"
@@ -229,3 +231,16 @@ def test_first_sync_reads_a_checkpoint_as_safetensors_writes_it(tmp_path):
             got.view(-1).view(torch.uint8).tolist()
             == tensor.view(-1).view(torch.uint8).tolist()
         ), name
+
+
+def test_first_sync_says_it_waits_for_a_starting_server(capsys):
+    """Started before its server is up, the example says what it waits for
+    (not minutes of silence) and, past its wait, why it gave up."""
+    from examples.first_sync import wait_until_healthy
+
+    with HttpStandIn({("GET", "/health"): (503, {})}) as server:
+        with pytest.raises(SystemExit, match="/health not 200 after 1 s: not healthy"):
+            wait_until_healthy(server.url, 1.0)
+    assert f"waiting for {server.url}/health: not healthy yet; 0 of 1 s" in (
+        capsys.readouterr().out
+    )

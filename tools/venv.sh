@@ -25,7 +25,8 @@ if [ ! -f "$venv/.rlsync-complete" ]; then
   echo "venv: pip's log: $log"
   "$venv/bin/python" -m pip install --progress-bar off -c "$constraints" -r requirements-dev.txt 2>&1 \
     | tee "$log" | { grep --line-buffered -E '^(Collecting|Processing|Installing collected packages)' || true; } \
-    | sed -u -e 's/^\(.\{96\}\).*/\1 .../' -e 's/^/venv:   /' \
+    | sed -u -e 's/^Installing collected packages: .*/installing them: a few quiet minutes/' \
+        -e 's/^\(.\{96\}\).*/\1 .../' -e 's/^/venv:   /' \
     || { tail -n 30 "$log"; echo "venv: pip failed (log: $log)"; exit 1; }
   touch "$venv/.rlsync-complete"
 fi
