@@ -150,6 +150,9 @@ def test_readme_quickstart_serves_syncs_checks_and_stops_on_ctrl_c(tmp_path):
     children: list[psutil.Process] = []
     try:
         line = _line_with(proc, "serving http://", timeout=600)
+        # Every process under it now, so that none outlives a failure below.
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "no server process under serve-cpu"
         url = line.split()[1]
         assert url == f"http://127.0.0.1:{port}"
         info = requests.get(url + "/rlsync_info", timeout=10).json()
@@ -175,8 +178,6 @@ def test_readme_quickstart_serves_syncs_checks_and_stops_on_ctrl_c(tmp_path):
         assert said, line
         pid = int(said.group(1))
         assert RUN_INSTALL or pid == proc.pid
-        children = psutil.Process(proc.pid).children(recursive=True)
-        assert children, "no server process under serve-cpu"
         os.kill(pid, signal.SIGINT)
         assert proc.wait(timeout=60) == 0
         assert "stopped" in proc.stdout.read()
