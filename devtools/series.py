@@ -719,10 +719,50 @@ def check(layout: Layout) -> list[str]:
         for rel in sorted(present - set(files) - set(generated)):
             problems.append(f"{overlay}/{rel}: no patch touches this file")
     problems.extend(check_generated(layout))
+    problems.extend(check_message_files(layout, patches))
     problems.extend(check_each_patch_alone(layout, patches))
     problems.extend(check_library_version(layout))
     problems.extend(check_features(layout))
     problems.extend(check_vendored(layout))
+    return problems
+
+
+# A file a message names: a path or a file name with an extension.
+_NAMED_FILE = re.compile(
+    r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+(?:\.[\w-]+)*"
+    r"\.(?:py|md|txt|toml|json|sh|yaml|yml|cfg|ini|pin|patch))(?![\w/])"
+)
+
+
+def check_message_files(layout: Layout, patches: list[Path]) -> list[str]:
+    """Every file a patch's message names exists: in the upstream tree, among
+    the files the series adds, or in this repository (its tests), named by
+    its path or by a tail of it (`weight_checker.py`, `srt/utils/...`). A
+    reviewer cannot follow a message to a file that is nowhere."""
+    paths = [
+        p.relative_to(layout.upstream_dir).as_posix()
+        for p in layout.upstream_dir.rglob("*")
+        if p.is_file()
+    ]
+    for root in {layout.root, Path(__file__).resolve().parents[1]}:
+        listed = subprocess.run(
+            ["git", "ls-files"], cwd=root, capture_output=True, text=True
+        )
+        paths += listed.stdout.split()
+    for patch in patches:
+        paths += re.findall(r"^\+\+\+ b/(\S+)", patch.read_text(), re.M)
+    tails = set()
+    for path in paths:
+        parts = path.split("/")
+        tails.update("/".join(parts[i:]) for i in range(len(parts)))
+    problems = []
+    for patch in patches:
+        for named in sorted(set(_NAMED_FILE.findall(patch_message(patch)))):
+            if named.lstrip("./") not in tails:
+                problems.append(
+                    f"{patch.name}: its message names {named}, which is neither "
+                    "upstream's, the series' nor this repository's"
+                )
     return problems
 
 

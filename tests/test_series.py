@@ -477,3 +477,17 @@ def test_a_name_the_series_moves_away_is_caught_where_it_is_still_imported(
     assert unresolved_imports(patched, pristine, files) == [
         (str(pkg / "engine.py"), 12, "sglang.srt.renamed_mixin", "_Communicator"),
     ]
+
+
+def test_a_message_naming_a_file_that_is_nowhere_fails_check(scratch):
+    """A reviewer follows a message to the files it names: upstream's (by
+    a tail of their path), the series' or this repository's tests."""
+    patch = scratch.patches()[0]
+    text = patch.read_text()
+    named = "See srt/utils/common.py, tests/test_series.py and NOWHERE-NOTES.md.\n\n"
+    patch.write_text(text.replace("\nForwarded: ", f"\n{named}Forwarded: ", 1))
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"{patch.name}: its message names NOWHERE-NOTES.md" in proc.stderr
+    assert "names srt/utils/common.py" not in proc.stderr
+    assert "names tests/test_series.py" not in proc.stderr
