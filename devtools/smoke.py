@@ -54,10 +54,10 @@ def series_digest(layout: Layout) -> str:
 
 
 def patch_changes(text: str) -> str:
-    """A patch file's diffs: from its first `diff --git` on (its header and
-    message dropped)."""
-    start = text.find("diff --git ")
-    return text[start:] if start >= 0 else ""
+    """A patch file's diffs: from its first line that starts `diff --git` on
+    (its header and message dropped), as `series.patch_message` splits it."""
+    start = text.find("\ndiff --git ")
+    return text[start + 1 :] if start >= 0 else ""
 
 
 def smoke_tree(layout: Layout) -> Path:

@@ -156,7 +156,7 @@ def sync(
         for t in stored:
             tensor = t.read()
             # + 0.0 would turn -0.0 into 0.0: the checkpoint goes as it is
-            changed = plus and tensor.is_floating_point()
+            changed = plus != 0.0 and tensor.is_floating_point()
             yield t.name, tensor + plus if changed else tensor
 
     specs = [(t.name, t.dtype, t.shape) for t in stored]

@@ -76,9 +76,9 @@ def masked(line: str) -> str:
 def trainer_env(tmp_path: Path) -> dict[str, str]:
     """What the README's trainer commands run with. With the install: a new
     user's shell (its own HOME, the machine's pip settings but no
-    constraints file, not this venv). Without:
-    this checkout's library and this interpreter as `rlsync` and `python`
-    (tests/test_wheel.py installs the library into a fresh venv)."""
+    constraints file, not this venv). Without: this checkout's library and
+    this interpreter as `rlsync` and `python` (tests/test_wheel.py installs
+    the library into a fresh venv)."""
     if not RUN_INSTALL:
         return reader_env(tmp_path)
     home = tmp_path / "home"
