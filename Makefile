@@ -43,7 +43,8 @@ PYTEST_ARGS ?=
 # the series' behaviour in a real server.
 PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent and not first_pin_only")
 
-.PHONY: help upstream worktree patches overlay check new-releases port port-export smoke support-matrix \
+.PHONY: help upstream worktree patches overlay check new-releases port port-export port-restamp \
+        smoke support-matrix \
         check-releases \
         apply revert pr-branch \
         venv wheel install test test-pin demo serve-cpu rl-demo soak format clean bench-cpu \
@@ -72,6 +73,7 @@ help:
 	@echo "make port RELEASE=<version>     build/<release>/work: the release + its series by git am -3 (resolve, continue)"
 	@echo "  [FROM=<release>]                starting from a nearer release's ports where it has none"
 	@echo "make port-export RELEASE=<v>    keep the patches that differ from the pin's as its port (pins/<pin>/releases/<v>/)"
+	@echo "make port-restamp [SINCE=<rev>] carry pin patches' new names and messages (since HEAD) into their ports"
 	@echo "make smoke RELEASE=<version>    the release's server smoke in its pin's environment; kept in pins/release-smokes"
 	@echo "make support-matrix             regenerate docs/support-matrix.md's table of releases (pins/releases, pins/release-smokes)"
 	@echo "make pr-branch SGLANG_DIR=<git checkout> [AUTHOR=\"Name <mail>\"]"
@@ -99,6 +101,9 @@ new-releases:
 port port-export:
 	@test -n "$(RELEASE)" || { echo "error: set RELEASE=<version> (a release pins/releases maps adjusted)" >&2; exit 2; }
 	@$(DEVTOOLS) --release $(RELEASE) $@ $(if $(and $(filter port,$@),$(FROM)),--from $(FROM))
+
+port-restamp:
+	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) port-restamp $(if $(SINCE),--since $(SINCE))
 
 # The release's wheel + its series, run by the serving pin's test environment
 # (with the pin's wheels installed: `install` of the pin, not of the release).

@@ -14,7 +14,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from devtools import checkout, matrix, ports, releases, series, smoke, wheel
+from devtools import (
+    checkout,
+    matrix,
+    patch_names,
+    ports,
+    releases,
+    restamp,
+    series,
+    smoke,
+    wheel,
+)
 from devtools.pin import PinError
 
 
@@ -133,11 +143,14 @@ def cmd_check(args: argparse.Namespace) -> int:
                 "cleanly; overlay and common modules match"
             )
     root = _root(args)
-    map_problems = (
-        releases.check_map(root, series.pin_versions(root)) + matrix.check_table(root)
-        if mapped
-        else []
-    )
+    every_series = {
+        v: series.read_series(series.Layout(root, v).patches_dir)
+        for v in series.pin_versions(root)
+    }
+    map_problems = patch_names.check_names_across_pins(every_series)
+    if mapped:
+        map_problems += releases.check_map(root, list(every_series))
+        map_problems += matrix.check_table(root)
     for problem in map_problems:
         print(f"error: {problem}", file=sys.stderr)
         failed = True
@@ -269,6 +282,26 @@ def cmd_port_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_port_restamp(args: argparse.Namespace) -> int:
+    failed = False
+    for layout in _layouts(args):
+        done = restamp.restamp(layout, args.since)
+        for path in done.written:
+            print(path.relative_to(layout.root))
+        for path in done.removed:
+            print(f"removed {path.relative_to(layout.root)}")
+        for stale in done.left_stale:
+            failed = True
+            print(
+                f"error: {layout.version}: {stale}; make it again: `make port "
+                f"RELEASE={stale.split('/')[0]}`",
+                file=sys.stderr,
+            )
+        if not done.written and not done.left_stale:
+            print(f"{layout.version}: every port is made from its pin patch as it is")
+    return 1 if failed else 0
+
+
 def cmd_new_releases(args: argparse.Namespace) -> int:
     """Releases on the package index, from the oldest pin on, that
     pins/releases does not list: each needs a decision (a series as it is,
@@ -349,6 +382,17 @@ def build_parser() -> argparse.ArgumentParser:
         "the release has none (its `make port` worktree gives the merge bases)",
     )
     p.set_defaults(fn=cmd_port)
+    p = sub.add_parser(
+        "port-restamp",
+        help="carry pin patches' new names and messages into their ports",
+    )
+    p.add_argument(
+        "--since",
+        default="HEAD",
+        metavar="REV",
+        help="the revision whose series the ports were made from (default HEAD)",
+    )
+    p.set_defaults(fn=cmd_port_restamp)
     p = sub.add_parser("smoke-record", help="keep a release's smoke result")
     p.add_argument("--junit", required=True, help="pytest's JUnit XML of the smoke")
     p.add_argument("--environment", required=True, help="where it ran, in words")

@@ -100,7 +100,8 @@ def check_ports(layout: Layout) -> list[str]:
                 problems.append(
                     f"{where}/{patch.name}: ported from another version of "
                     f"pins/{layout.version}/patches/{patch.name}; make it again: "
-                    f"`make port RELEASE={release}`, `make port-export RELEASE={release}`"
+                    f"`make port RELEASE={release}`, `make port-export RELEASE={release}` "
+                    "(`make port-restamp` where only its name or message changed)"
                 )
         for stray in sorted(port.adjustments_dir.iterdir()):
             if stray.name != PORTED_FROM and stray.suffix != ".patch":

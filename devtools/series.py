@@ -1,8 +1,8 @@
 """The patch series against pinned SGLang: the one source of truth.
 
 Each pin (`pins/<version>/`: `upstream.pin`, `patches/`, `overlay/`) has its
-own series: `patches/series` lists `NNNN-name.patch` files in `git
-format-patch` form. The overlay (`overlay/python/...`) is generated from
+own series: `patches/series` lists, in order, `<name>.patch` files in `git
+format-patch` form (named for what they do: devtools.patch_names). The overlay (`overlay/python/...`) is generated from
 pristine + series and checked for drift; the modules every pin shares live
 once in `common/`, and each pin's series must build them byte-identical. The
 developer worktree (`build/<version>/work`) is a git repository at the pin
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools.imports import unresolved_imports
+from devtools.patch_names import check_names, export_names
 from devtools.pin import Pin, fetch_archive, read_pin, sha256_of, unpack_archive
 from devtools.releases import RELEASES_FILE, SERVED, Release, read_releases, served_by
 
@@ -679,6 +680,7 @@ def check(layout: Layout) -> list[str]:
     overlay = _shown(layout, layout.overlay_dir)
     for patch in patches:
         problems.extend(lint_patch(patch))
+    problems.extend(check_names(read_series(layout.patches_dir)))
     with tempfile.TemporaryDirectory() as tmp:
         try:
             files = patched_tree(layout, Path(tmp), patches)
@@ -932,16 +934,19 @@ def export_patches(layout: Layout) -> list[Path]:
         raise SeriesError(f"{work}: uncommitted changes; commit them first:\n{dirty}")
     with tempfile.TemporaryDirectory() as tmp:
         git(work, *FORMAT_PATCH, "--output-directory", tmp, "upstream..HEAD")
-        exported = sorted(Path(tmp).glob("*.patch"))
-        for path in exported:
-            text = re.sub(
-                r"^Date: .*$", f"Date: {PATCH_DATE}", path.read_text(), 1, re.M
-            )
-            path.write_text(text)
-        for old in layout.patches_dir.glob("*.patch"):
-            old.unlink()
-        for path in exported:
-            shutil.copyfile(path, layout.patches_dir / path.name)
-    layout.series_file.write_text("".join(p.name + "\n" for p in exported))
+        texts = [
+            re.sub(r"^Date: .*$", f"Date: {PATCH_DATE}", path.read_text(), 1, re.M)
+            for path in sorted(Path(tmp).glob("*.patch"))
+        ]
+    current = read_series(layout.patches_dir) if layout.series_file.is_file() else []
+    try:
+        names = export_names(texts, current)
+    except ValueError as e:
+        raise SeriesError(f"{work}: {e}") from e
+    for old in layout.patches_dir.glob("*.patch"):
+        old.unlink()
+    for name, text in zip(names, texts):
+        (layout.patches_dir / name).write_text(text)
+    layout.series_file.write_text("".join(name + "\n" for name in names))
     write_generated(layout, work)
-    return [layout.patches_dir / p.name for p in exported]
+    return [layout.patches_dir / name for name in names]

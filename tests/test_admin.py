@@ -1,4 +1,4 @@
-"""Admin surface (patch 0006) on the real server: every admin endpoint needs
+"""Admin surface (patches `admin-api-key-env`, `secret-redaction`, `rlsync-info`) on the real server: every admin endpoint needs
 the admin key, from the flag or from SGLANG_ADMIN_API_KEY; no answer or log
 line carries a key; /rlsync_info lets a trainer check support, and rlsync's
 client fails early against pristine upstream."""

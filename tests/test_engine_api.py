@@ -1,4 +1,4 @@
-"""The two-phase operations on the offline sglang.Engine (patch 0004)."""
+"""The two-phase operations on the offline sglang.Engine (patch `two-phase-weight-update`)."""
 
 from __future__ import annotations
 

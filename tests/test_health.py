@@ -1,4 +1,4 @@
-"""Healthy while updating, but not forever (patches 0002, 0003), on the real
+"""Healthy while updating, but not forever (patch `health-while-updating`), on the real
 server: health answers at once during a blocking weight operation, watchdogs
 stay quiet, overlapping and failing operations keep the state right, and a
 stuck operation turns the health check unhealthy, naming it."""

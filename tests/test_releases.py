@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import matrix, ports, releases, series, smoke
+from devtools import matrix, ports, releases, restamp, series, smoke
 from devtools.pin import fetch_archive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,6 +251,10 @@ def test_apply_with_a_pin_named_takes_the_ports_of_the_release(tmp_path):
 ADJUSTED = [r for r in SERVED if r.how == "adjusted"]
 
 
+def port_files(release: releases.Release) -> list[Path]:
+    return sorted(layout_of(release).adjustments_dir.glob("*.patch"))
+
+
 def copy_of_pins(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     shutil.copytree(ROOT / "pins", root / "pins")
@@ -282,6 +286,63 @@ def test_a_port_made_from_another_version_of_its_patch_is_named(tmp_path):
         f"another version of pins/{release.series}/patches/{port.name}"
     )
     assert f"make port RELEASE={release.version}" in problem
+
+
+@pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
+def test_a_pin_patch_renamed_or_reworded_reaches_its_ports_by_restamp(tmp_path):
+    """Renaming a pin patch (its `Depends:` lines with it) or rewording it
+    changes no code: `make port-restamp` gives each port the new name and
+    message and stamps it, its diffs kept byte for byte. A port whose pin
+    patch changed its diffs stays stale and is named."""
+    release = max(ADJUSTED, key=lambda r: len(port_files(r)))
+    root = copy_of_pins(tmp_path)
+    series.git(root, "init", "-q")
+    series.git(root, "add", "-A")
+    series.git(root, "commit", "-qm", "pins", env=series.IDENTITY)
+    pin = series.Layout(root, release.series)
+    folder = series.Layout(root, release.series, release.version).adjustments_dir
+    same_message = [
+        p
+        for p in sorted(folder.glob("*.patch"))
+        if series.patch_message(p) == series.patch_message(pin.patches_dir / p.name)
+    ]
+    renamed = same_message[0]
+    changed = next(p for p in sorted(folder.glob("*.patch")) if p != renamed)
+    kept = renamed.read_text()
+    old_stem, new_stem = renamed.stem, "renamed-for-this-test"
+    for patch in pin.patches_dir.glob("*.patch"):
+        patch.write_text(
+            patch.read_text().replace(
+                f"Depends: {old_stem}\n", f"Depends: {new_stem}\n"
+            )
+        )
+    text = (pin.patches_dir / renamed.name).read_text()
+    (pin.patches_dir / renamed.name).unlink()
+    (pin.patches_dir / f"{new_stem}.patch").write_text(
+        text.replace("\nForwarded:", "\nReworded.\n\nForwarded:", 1)
+    )
+    pin.series_file.write_text(
+        pin.series_file.read_text().replace(renamed.name, f"{new_stem}.patch")
+    )
+    edited = pin.patches_dir / changed.name
+    edited.write_text(edited.read_text().replace("\n+", "\n+ ", 1))
+    assert ports.check_ports(pin) != []
+
+    done = restamp.restamp(pin)
+
+    assert f"{release.version}/{changed.name}: its pin patch's changes differ" in (
+        "\n".join(done.left_stale)
+    )
+    assert all(changed.name in line for line in done.left_stale), done.left_stale
+    problems = ports.check_ports(pin)
+    assert problems and all(changed.name in p for p in problems), problems
+    assert not renamed.exists()
+    port = folder / f"{new_stem}.patch"
+    assert smoke.patch_changes(port.read_text()) == smoke.patch_changes(kept)
+    assert "\nReworded.\n" in series.patch_message(port)
+    every_port = "".join(p.read_text() for p in pin.pin_dir.glob("releases/*/*.patch"))
+    assert f"Depends: {old_stem}\n" not in every_port
+    assert restamp.restamp(pin).written == []  # done once is done
 
 
 @pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")

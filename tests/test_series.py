@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import series
+from devtools import patch_names, series
 from devtools.pin import Pin, PinError, read_pin, unpack_archive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def test_export_picks_up_a_new_commit(scratch):
     target.write_text(target.read_text() + "# new line\n")
     series.git(work, "commit", "-qam", "demo: a new patch\n\nWhy.\n\nForwarded: no")
     exported = series.export_patches(scratch)
-    assert exported[-1].name.endswith("-demo-a-new-patch.patch")
+    assert exported[-1].name == "a-new-patch.patch"  # from its subject, no number
     assert series.lint_patch(exported[-1]) == []
     series.regenerate_overlay(scratch)
     assert series.check(scratch) == []
@@ -220,7 +220,7 @@ def test_features_come_from_the_patch_headers(scratch):
     for name in features:
         assert f'    "{name}",\n' in text
     assert series.generated_files(scratch) == {series.SERIES_MODULE: text}
-    patch = patch_named(scratch, "strict-checksum")
+    patch = patch_named(scratch, "weights-checksum")
     patch.write_text(patch.read_text().replace("Feature: weights_checksum\n", ""))
     proc = run_check(scratch)
     assert proc.returncode == 1
@@ -258,7 +258,7 @@ def test_a_patch_that_does_not_apply_without_an_undeclared_patch_fails_check(
 ):
     """Each patch applies alone with what it declares: the checksum patch's
     context comes from the two-phase one."""
-    patch = patch_named(scratch, "weights_checker")
+    patch = patch_named(scratch, "weights-checksum")
     drop_depends(patch)
     proc = run_check(scratch)
     assert proc.returncode == 1
@@ -269,8 +269,8 @@ def test_a_patch_that_does_not_apply_without_an_undeclared_patch_fails_check(
 def test_a_patch_importing_a_module_of_an_undeclared_patch_fails_check(scratch):
     """Code use counts: the two-phase patch applies without the per-rank
     helper patch, but imports the module that patch adds."""
-    patch = patch_named(scratch, "two-phase-update-prepare")
-    drop_depends(patch, "gather-every-TP-rank")
+    patch = patch_named(scratch, "two-phase-weight-update")
+    drop_depends(patch, "gather-every-tp-rank")
     proc = run_check(scratch)
     assert proc.returncode == 1
     assert (
@@ -283,13 +283,13 @@ def test_an_unknown_or_later_dependency_fails_check_naming_the_patch(scratch):
     first, second = scratch.patches()[:2]
     text = first.read_text().replace(
         "\nForwarded: ",
-        f"\nDepends: 0099-no-such-patch\nDepends: {second.stem}\nForwarded: ",
+        f"\nDepends: no-such-patch\nDepends: {second.stem}\nForwarded: ",
         1,
     )
     first.write_text(text)
     proc = run_check(scratch)
     assert proc.returncode == 1
-    assert f"{first.name}: Depends: 0099-no-such-patch: no such patch" in proc.stderr
+    assert f"{first.name}: Depends: no-such-patch: no such patch" in proc.stderr
     assert f"{first.name}: Depends: {second.stem}: not earlier in the series" in (
         proc.stderr
     )
@@ -305,8 +305,8 @@ def test_every_patch_declares_what_it_needs():
     needed = series.with_dependencies(
         patch_named(layout, "data-parallel"), patches, deps
     )
-    assert any("two-phase-update" in p.name for p in needed)
-    assert any("gather-every-TP-rank" in p.name for p in needed)
+    assert any("two-phase-weight-update" in p.name for p in needed)
+    assert any("gather-every-tp-rank" in p.name for p in needed)
 
 
 def test_a_hand_edited_generated_copy_fails_check(scratch):
@@ -369,7 +369,7 @@ def test_check_fails_when_the_library_speaks_another_series(scratch):
 
 
 def test_check_fails_on_a_feature_the_library_requires_but_no_patch_declares(scratch):
-    patch = next(p for p in scratch.patches() if "two-phase" in p.name)
+    patch = next(p for p in scratch.patches() if "two-phase-weight-update" == p.stem)
     renamed = "Feature: two_phase_update\n"
     patch.write_text(
         patch.read_text().replace("Feature: two_phase_weight_update\n", renamed)
@@ -491,3 +491,87 @@ def test_a_message_naming_a_file_that_is_nowhere_fails_check(scratch):
     assert f"{patch.name}: its message names NOWHERE-NOTES.md" in proc.stderr
     assert "names srt/utils/common.py" not in proc.stderr
     assert "names tests/test_series.py" not in proc.stderr
+
+
+def patch_file(folder: Path, name: str, subject: str, feature: str = "") -> Path:
+    trailer = f"Feature: {feature}\n" if feature else ""
+    path = folder / name
+    path.write_text(
+        f"From {'0' * 40} Mon Sep 17 00:00:00 2001\nSubject: [PATCH] {subject}\n\n"
+        f"Why.\n\n{trailer}Forwarded: no\n\ndiff --git a/x b/x\n"
+    )
+    return path
+
+
+def test_a_numbered_or_misnamed_patch_fails_check(scratch):
+    """Patches are named for what they do, a feature's after its feature:
+    a number in the name, or a feature's patch named otherwise, fails."""
+    patches = scratch.patches()
+    featured = next(p for p in patches if patch_names.features(p.read_text()))
+    plain = next(p for p in patches if not patch_names.features(p.read_text()))
+    listing = scratch.series_file.read_text()
+    for patch, name in (
+        (featured, "something-else.patch"),
+        (plain, f"0001-{plain.name}"),
+    ):
+        patch.rename(patch.with_name(name))
+        listing = listing.replace(f"{patch.name}\n", f"{name}\n")
+    scratch.series_file.write_text(listing)
+    for patch in scratch.patches():  # the Depends: lines follow the names
+        text = patch.read_text()
+        for old, new in ((featured, "something-else"), (plain, f"0001-{plain.stem}")):
+            text = text.replace(f"Depends: {old.stem}\n", f"Depends: {new}\n")
+        patch.write_text(text)
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert f"0001-{plain.name}: a patch is named for what it does" in proc.stderr
+    feature = patch_names.features(
+        featured.with_name("something-else.patch").read_text()
+    )[0]
+    assert (
+        f"something-else.patch: adds feature {feature}, so it is named "
+        f"{patch_names.feature_file_name(feature)}"
+    ) in proc.stderr
+
+
+def test_export_keeps_each_patch_s_name(tmp_path):
+    """`make patches` names what it exports as the series did: a feature's
+    patch after its feature, a reworded subject keeps its place's name, an
+    unchanged subject keeps its name wherever it moves, a new patch is named
+    from its subject."""
+    current = [
+        patch_file(tmp_path, "two-phase.patch", "weight sync: two-phase", "two_phase"),
+        patch_file(tmp_path, "kept-name.patch", "weight sync: an old subject"),
+        patch_file(tmp_path, "moved.patch", "health: stays healthy"),
+    ]
+    texts = [p.read_text() for p in current]
+    reworded = texts[1].replace("an old subject", "a new subject")
+    assert patch_names.export_names([texts[0], reworded, texts[2]], current) == [
+        "two-phase.patch",
+        "kept-name.patch",
+        "moved.patch",
+    ]
+    added = patch_file(
+        tmp_path, "x.patch", "tokenizer: serve calls in 2 orders"
+    ).read_text()
+    assert patch_names.export_names([texts[2], added, *texts[:2]], current) == [
+        "moved.patch",
+        "serve-calls-in-2-orders.patch",
+        "two-phase.patch",
+        "kept-name.patch",
+    ]
+    with pytest.raises(ValueError, match="two patches would be named two-phase.patch"):
+        patch_names.export_names([texts[0], texts[0]], current)
+
+
+def test_one_patch_has_one_name_on_every_pin(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    first = patch_file(tmp_path / "a", "credential-headers.patch", "logs: no keys")
+    second = patch_file(tmp_path / "b", "no-keys-in-logs.patch", "logs: no keys")
+    other = patch_file(tmp_path / "b", "other.patch", "logs: other")
+    assert patch_names.check_names_across_pins({"1": [first], "2": [other]}) == []
+    assert patch_names.check_names_across_pins({"1": [first], "2": [second]}) == [
+        "2: no-keys-in-logs.patch: the same patch is credential-headers.patch on 1 "
+        "(subject 'logs: no keys'); one name on every pin"
+    ]

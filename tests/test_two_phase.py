@@ -1,4 +1,4 @@
-"""Two-phase weight update (patch 0004) on the real server, over gloo: the
+"""Two-phase weight update (patch `two-phase-weight-update`) on the real server, over gloo: the
 protocol, bad input, faults, serving during the transfer, and no race."""
 
 from __future__ import annotations

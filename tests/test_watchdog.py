@@ -1,4 +1,4 @@
-"""Watchdog pause/resume (patch 0001) with the real watchdog thread."""
+"""Watchdog pause/resume (patch `watchdog-pause`) with the real watchdog thread."""
 
 from __future__ import annotations
 

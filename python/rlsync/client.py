@@ -281,7 +281,7 @@ def init_weights_update_group(
         world_size=world_size,
         group_name=group_name,
         backend=backend,
-        # The engine gives up within it (patch 0002; older servers ignore it
+        # The engine gives up within it (patch `init-weights-update-group-timeout`; older servers ignore it
         # and wait torch's 30 minutes), and answers why.
         timeout=timeout,
     )
