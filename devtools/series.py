@@ -255,6 +255,18 @@ def series_files(patches: list[Path]) -> list[str]:
     return sorted(seen)
 
 
+# DEP-3 trailers a maintainer reads: where the change was sent, and the
+# upstream report it fixes.
+_TRAILER_VALUES = {
+    "Forwarded": r"no|not-needed\b.*|https://\S+",
+    "Bug": r"https://\S+",
+}
+_TRAILER_WANTS = {
+    "Forwarded": "no, not-needed (why) or the URL of the upstream pull request",
+    "Bug": "the URL of the upstream issue",
+}
+
+
 def lint_patch(patch: Path) -> list[str]:
     """What an upstream reviewer needs, and what keeps diffs unambiguous."""
     text = patch.read_text()
@@ -270,6 +282,11 @@ def lint_patch(patch: Path) -> list[str]:
         problems.append(f"{patch.name}: the message needs a body saying what and why")
     if not re.search(r"^Forwarded: \S", body, re.M):
         problems.append(f"{patch.name}: the message needs a 'Forwarded: no|<PR>' line")
+    for key, value in re.findall(r"^(Forwarded|Bug): *(.*?) *$", body, re.M):
+        if not re.fullmatch(_TRAILER_VALUES[key], value):
+            problems.append(
+                f"{patch.name}: '{key}: {value}': DEP-3 wants {_TRAILER_WANTS[key]}"
+            )
     if re.search(r"^# Conflicts:$", body, re.M):
         problems.append(
             f"{patch.name}: the message keeps git's '# Conflicts:' note; delete it"

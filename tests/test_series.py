@@ -140,6 +140,25 @@ def test_patch_lint_requires_forwarded_line_and_full_index(scratch):
     assert any("abbreviated index" in p for p in problems)
 
 
+@pytest.mark.parametrize(
+    "trailers, wrong",
+    [
+        ("Forwarded: maybe", "'Forwarded: maybe': DEP-3 wants no, not-needed"),
+        ("Bug: 30166\nForwarded: no", "'Bug: 30166': DEP-3 wants the URL"),
+    ],
+)
+def test_patch_lint_wants_dep3_trailer_values(scratch, trailers, wrong):
+    """`Forwarded:` is no, not-needed or the pull request's URL; `Bug:` the
+    upstream issue's URL (what a maintainer can follow)."""
+    patch = scratch.patches()[0]
+    text = patch.read_text()
+    patch.write_text(re.sub(r"^Forwarded: .*$", trailers, text, count=1, flags=re.M))
+    assert any(wrong in p for p in series.lint_patch(patch)), series.lint_patch(patch)
+    right = "Bug: https://github.com/sgl-project/sglang/issues/30166\nForwarded: no"
+    patch.write_text(re.sub(r"^Forwarded: .*$", right, text, count=1, flags=re.M))
+    assert series.lint_patch(patch) == []
+
+
 def test_patch_lint_refuses_a_left_over_conflict_note(scratch):
     """A commit amended after a conflicted rebase keeps git's note in its
     message; it must not reach an upstream reviewer."""
