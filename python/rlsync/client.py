@@ -247,6 +247,23 @@ def _ok(url: str, endpoint: str, body: Any) -> dict[str, Any]:
     return body
 
 
+def call_ok(
+    url: str,
+    endpoint: str,
+    payload: Optional[dict[str, Any]] = None,
+    *,
+    timeout: float,
+    admin_key: Optional[str] = None,
+    api_key: Optional[str] = None,
+) -> dict[str, Any]:
+    """`call` a route that answers `{"success": ...}`: the answer, or
+    EngineError with the server's message where it says no."""
+    body = call(
+        url, endpoint, payload, timeout=timeout, admin_key=admin_key, api_key=api_key
+    )
+    return _ok(url, endpoint, body)
+
+
 def _parse(url: str, endpoint: str, cls: type[T], body: Any) -> T:
     try:
         return cls.from_json(body)  # type: ignore[attr-defined]
@@ -281,20 +298,19 @@ def init_weights_update_group(
         world_size=world_size,
         group_name=group_name,
         backend=backend,
-        # The engine gives up within it (patch `init-weights-update-group-timeout`; older servers ignore it
-        # and wait torch's 30 minutes), and answers why.
+        # The engine gives up within it (patch
+        # `init-weights-update-group-timeout`; older servers ignore it and
+        # wait torch's 30 minutes), and answers why.
         timeout=timeout,
     )
-    endpoint = "/init_weights_update_group"
-    body = call(
+    return call_ok(
         url,
-        endpoint,
+        "/init_weights_update_group",
         payload,
         timeout=timeout + HTTP_MARGIN,
         admin_key=admin_key,
         api_key=api_key,
     )
-    return _ok(url, endpoint, body)
 
 
 def destroy_weights_update_group(
@@ -308,16 +324,14 @@ def destroy_weights_update_group(
 ) -> dict[str, Any]:
     """`session_id`: while a session is open on the group, destroy it (and
     abort the session) only if it is that one."""
-    endpoint = "/destroy_weights_update_group"
-    body = call(
+    return call_ok(
         url,
-        endpoint,
+        "/destroy_weights_update_group",
         _with_session({"group_name": group_name}, session_id),
         timeout=timeout,
         admin_key=admin_key,
         api_key=api_key,
     )
-    return _ok(url, endpoint, body)
 
 
 def begin_weight_update(
@@ -332,7 +346,7 @@ def begin_weight_update(
     such session (0.5.10: nothing to open). The two-phase update opens and
     closes it itself."""
     try:
-        body = call(
+        call_ok(
             url,
             "/begin_weight_update",
             {},
@@ -344,7 +358,6 @@ def begin_weight_update(
         if e.status == 404:
             return False
         raise
-    _ok(url, "/begin_weight_update", body)
     return True
 
 
@@ -356,7 +369,7 @@ def end_weight_update(
     api_key: Optional[str] = None,
 ) -> None:
     """Close the session `begin_weight_update` opened."""
-    body = call(
+    call_ok(
         url,
         "/end_weight_update",
         {},
@@ -364,7 +377,6 @@ def end_weight_update(
         admin_key=admin_key,
         api_key=api_key,
     )
-    _ok(url, "/end_weight_update", body)
 
 
 def update_weights_from_distributed(
@@ -397,11 +409,14 @@ def update_weights_from_distributed(
         payload["load_format"] = load_format
     if weight_version is not None:
         payload["weight_version"] = weight_version
-    endpoint = "/update_weights_from_distributed"
-    body = call(
-        url, endpoint, payload, timeout=timeout, admin_key=admin_key, api_key=api_key
+    return call_ok(
+        url,
+        "/update_weights_from_distributed",
+        payload,
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
     )
-    return _ok(url, endpoint, body)
 
 
 def update_weights_from_disk(
@@ -418,11 +433,14 @@ def update_weights_from_disk(
     payload: dict[str, Any] = {"model_path": model_path}
     if weight_version is not None:
         payload["weight_version"] = weight_version
-    endpoint = "/update_weights_from_disk"
-    body = call(
-        url, endpoint, payload, timeout=timeout, admin_key=admin_key, api_key=api_key
+    return call_ok(
+        url,
+        "/update_weights_from_disk",
+        payload,
+        timeout=timeout,
+        admin_key=admin_key,
+        api_key=api_key,
     )
-    return _ok(url, endpoint, body)
 
 
 def get_weights_by_name(
@@ -632,7 +650,7 @@ def complete_weights_update(
         session_id=session_id,
     )
     endpoint = "/complete_weights_update"
-    body = call(
+    body = call_ok(
         url,
         endpoint,
         request.to_json(),
@@ -640,9 +658,7 @@ def complete_weights_update(
         admin_key=admin_key,
         api_key=api_key,
     )
-    return _parse(
-        url, endpoint, CompleteWeightsUpdateResponse, _ok(url, endpoint, body)
-    )
+    return _parse(url, endpoint, CompleteWeightsUpdateResponse, body)
 
 
 def abort_weights_update(
@@ -669,7 +685,7 @@ def abort_weights_update(
         payload["abort_header_sent"] = True
     if abort_header_sent_groups is not None:
         payload["abort_header_sent_groups"] = list(abort_header_sent_groups)
-    body = call(
+    body = call_ok(
         url,
         endpoint,
         payload,
@@ -677,7 +693,7 @@ def abort_weights_update(
         admin_key=admin_key,
         api_key=api_key,
     )
-    return _parse(url, endpoint, AbortWeightsUpdateResponse, _ok(url, endpoint, body))
+    return _parse(url, endpoint, AbortWeightsUpdateResponse, body)
 
 
 def new_session_id() -> str:
@@ -821,7 +837,7 @@ def weights_checksum(
     (dequantized) bytes per rank and SHA256 over the ranks'; its per-tensor
     hashes are kept per rank as "tensors"."""
     endpoint = "/weights_checker"
-    body = call(
+    body = call_ok(
         url,
         endpoint,
         {"action": "checksum"},
@@ -829,7 +845,6 @@ def weights_checksum(
         admin_key=admin_key,
         api_key=api_key,
     )
-    body = _ok(url, endpoint, body)
     if "per_engine_checksum" in body or ("checksum" not in body and "ranks" in body):
         body = _upstream_checksum(body)
     else:
