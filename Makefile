@@ -43,7 +43,7 @@ PYTEST_ARGS ?=
 # the series' behaviour in a real server.
 PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent and not first_pin_only")
 
-.PHONY: help upstream worktree patches overlay check new-releases port port-export port-restamp \
+.PHONY: help upstream worktree patches overlay check new-releases port port-export port-restamp rewrites \
         smoke support-matrix \
         check-releases \
         apply revert pr-branch \
@@ -82,6 +82,7 @@ help:
 	@echo "The one-pin targets take PIN=<version> (default $(firstword $(PINS))):"
 	@echo "make upstream                   fetch + verify + unpack the pinned archive (build/<pin>/upstream/python)"
 	@echo "make worktree                   build/<pin>/work: git repo at the pin, one commit per patch"
+	@echo "make rewrites                   list in pins/<pin>/rewrites the patches that rewrite an earlier one's lines"
 	@echo "make patches                    re-export pins/<pin>/patches from the worktree (deterministic)"
 	@echo "make overlay                    regenerate pins/<pin>/overlay and common/ from pristine + series"
 	@echo "make wheel                      the forked wheel ($(WHEEL)) and the library's"
@@ -101,6 +102,9 @@ new-releases:
 port port-export:
 	@test -n "$(RELEASE)" || { echo "error: set RELEASE=<version> (a release pins/releases maps adjusted)" >&2; exit 2; }
 	@$(DEVTOOLS) --release $(RELEASE) $@ $(if $(and $(filter port,$@),$(FROM)),--from $(FROM))
+
+rewrites:
+	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) rewrites
 
 port-restamp:
 	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) port-restamp $(if $(SINCE),--since $(SINCE))

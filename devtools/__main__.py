@@ -21,6 +21,7 @@ from devtools import (
     ports,
     releases,
     restamp,
+    rewrites,
     series,
     smoke,
     wheel,
@@ -132,6 +133,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     for layout in _layouts(args):
         series.ensure_upstream(layout)
         problems = series.check(layout)
+        problems += rewrites.check_rewrites(layout)
         if mapped:
             problems += ports.check_ports(layout)
         for problem in problems:
@@ -282,6 +284,18 @@ def cmd_port_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rewrites(args: argparse.Namespace) -> int:
+    for layout in _layouts(args):
+        path = layout.pin_dir / rewrites.REWRITES_FILE
+        path.write_text(rewrites.rewrites_text(layout))
+        found = rewrites.rewrites(layout)
+        print(
+            f"{path.relative_to(layout.root)}: {len(found)} rewrites, "
+            f"{sum(found.values())} lines"
+        )
+    return 0
+
+
 def cmd_port_restamp(args: argparse.Namespace) -> int:
     failed = False
     for layout in _layouts(args):
@@ -361,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
         ("check-releases", cmd_check_releases, "apply each served release's series"),
         ("smoke-tree", cmd_smoke_tree, "build/<release>/smoke: a release + its series"),
         ("support-matrix", cmd_support_matrix, "regenerate the table of releases"),
+        ("rewrites", cmd_rewrites, "list the patches that rewrite earlier ones"),
     ):
         sub.add_parser(name, help=text).set_defaults(fn=fn)
     p = sub.add_parser("smoke-pins", help="the release's own pins its smoke installs")

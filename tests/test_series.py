@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import patch_names, series
+from devtools import patch_names, rewrites, series
 from devtools.pin import Pin, PinError, read_pin, unpack_archive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +27,7 @@ def scratch(tmp_path, upstream_tree) -> series.Layout:
     pin_dir.mkdir(parents=True)
     shutil.copy(layout.pin_file, pin_dir)
     shutil.copytree(layout.patches_dir, pin_dir / "patches")
+    shutil.copy(layout.pin_dir / rewrites.REWRITES_FILE, pin_dir)
     shutil.copytree(layout.overlay_dir, pin_dir / "overlay")
     shutil.copytree(layout.common_dir, root / series.COMMON_DIR)
     for copy in (*series.VENDORED, series.LIBRARY_INIT, series.LIBRARY_SENDER):
@@ -594,3 +595,45 @@ def test_one_patch_has_one_name_on_every_pin(tmp_path):
         "2: no-keys-in-logs.patch: the same patch is credential-headers.patch on 1 "
         "(subject 'logs: no keys'); one name on every pin"
     ]
+
+
+def test_a_patch_rewriting_more_of_an_earlier_one_than_listed_fails_check(scratch):
+    """The rewrites a series still has are listed; one more line fails."""
+    listed = scratch.pin_dir / rewrites.REWRITES_FILE
+    text = listed.read_text()
+    patch, earlier, count = re.search(r"^(\S+) (\S+) (\d+)$", text, re.M).groups()
+    listed.write_text(text.replace(f"{patch} {earlier} {count}\n", "", 1))
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert (
+        f"{patch}.patch rewrites {count} lines that {earlier}.patch adds "
+        f"({rewrites.REWRITES_FILE} allows 0)"
+    ) in proc.stderr
+
+
+def test_rewrites_are_what_git_blame_says(scratch):
+    """An oracle that shares no code: in the series' worktree, `git blame`
+    of each line a commit removes names the commit that added it."""
+    work = series.make_worktree(scratch)
+    commits = series.git(work, "rev-list", "--reverse", "upstream..HEAD").stdout
+    names = dict(zip(commits.split(), (p.stem for p in scratch.patches())))
+    blamed: dict[tuple[str, str], int] = {}
+    for commit, name in names.items():
+        diff = series.git(work, "diff", "-U0", f"{commit}^", commit).stdout
+        path = None
+        for line in diff.split("\n"):
+            if line.startswith("--- "):
+                path = None if line == "--- /dev/null" else line[len("--- a/") :]
+            hunk = re.match(r"^@@ -(\d+)(?:,(\d+))? ", line)
+            if not hunk or path is None or hunk.group(2) == "0":
+                continue
+            first, count = int(hunk.group(1)), int(hunk.group(2) or 1)
+            where = f"{first},{first + count - 1}"
+            blame = series.git(
+                work, "blame", "--porcelain", "-L", where, f"{commit}^", "--", path
+            ).stdout
+            for author in re.findall(r"^([0-9a-f]{40}) \d+ \d+", blame, re.M):
+                if author in names:
+                    key = (name, names[author])
+                    blamed[key] = blamed.get(key, 0) + 1
+    assert blamed and rewrites.rewrites(scratch) == blamed
