@@ -56,6 +56,7 @@ help:
 	@echo "make test-fast                  venv + wheel + the tests that start no server and build nothing (under a minute)"
 	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
 	@echo "make test-quickstart            README \"Try it on CPU\" as written, the trainer install included (minutes, network)"
+	@echo "make test-pr-branch             the pull-request branch's unit tests at its head and each commit adding them, every pin (3 minutes)"
 	@echo "make serve-cpu [MODEL=<dir>] [TP=<n>] [PORT=<port>] [ARGS=\"<sglang flags>\"]"
 	@echo "                                the patched server on this CPU, no GPU needed (a tiny model by default); Ctrl-C stops it"
 	@echo "make rl-demo                    an RL loop (tiny Llama, GRPO-style) syncing TP 1 + TP 2 while they serve rollouts:"
@@ -176,7 +177,7 @@ test-pin: install
 	@# Tests run make themselves: PIN (exported, and in MAKEFLAGS) must not reach them.
 	@env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN $(VENV_PY) -m pytest $(PIN_MARKS) $(PYTEST_ARGS)
 
-.PHONY: test-fast test-quickstart
+.PHONY: test-fast test-quickstart test-pr-branch
 test-fast: install
 	@VENV_PY=$(VENV_PY) tools/test-fast.sh $(PYTEST_ARGS)
 
@@ -186,9 +187,17 @@ test-quickstart: install
 	@env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN RLSYNC_QUICKSTART_INSTALL=1 \
 	  $(VENV_PY) -m pytest tests/test_serve_cpu.py -k quickstart $(PYTEST_ARGS)
 
+# The pull-request branch's unit tests, at its head and at each commit that
+# adds them, every pin (make test checks only the branch; CI runs both).
+test-pr-branch:
+	@set -e; for p in $(or $(PIN),$(PINS)); do $(MAKE) --no-print-directory install PIN=$$p; \
+	  env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL -u PIN RLSYNC_PR_UNIT_TESTS=1 \
+	  .venv-$$p/bin/python -m pytest tests/test_pr_branch.py $(PYTEST_ARGS); done
+
 format:
-	@$(VENV_PY) -m black python devtools harness tests bench examples setup.py
+	@$(VENV_PY) -m black python devtools harness tests bench examples setup.py pr
 	@$(VENV_PY) -m isort --profile black -p sglang -p rlsync -p harness -p devtools python devtools harness tests bench examples setup.py
+	@$(VENV_PY) -m isort --profile black -p sglang pr
 
 clean:
 	rm -rf build dist .pytest_cache

@@ -19,6 +19,7 @@ from devtools import (
     matrix,
     patch_names,
     ports,
+    pr_files,
     releases,
     restamp,
     rewrites,
@@ -150,6 +151,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for v in series.pin_versions(root)
     }
     map_problems = patch_names.check_names_across_pins(every_series)
+    map_problems += pr_files.check_pr_files(root, every_series)
     if mapped:
         map_problems += releases.check_map(root, list(every_series))
         map_problems += matrix.check_table(root)
@@ -339,6 +341,8 @@ def _checkout_cmd(fn):
     def run(args: argparse.Namespace) -> int:
         layout = _layout_for_tree(args, Path(args.sglang_dir))
         extra = {"generated": checkout._generated_files(layout)}
+        if fn is checkout.pr_branch:
+            extra["extras"] = pr_files.pr_files_of(layout.root, layout.patches())
         for name in ("branch", "author"):
             if getattr(args, name, None) is not None:
                 extra[name] = getattr(args, name)

@@ -792,6 +792,34 @@ def _with_author(patch: Path, dest: Path, name: str, mail: str) -> Path:
     return out
 
 
+def _commit_patches(
+    scratch: Path,
+    authored: list[Path],
+    extras: dict[str, dict[str, bytes]],
+    env: dict[str, str],
+) -> subprocess.CompletedProcess:
+    """`git am` each patch in turn, its extras added to its own commit; the
+    first command that fails."""
+    am = ["am", "--quiet", "--keep-cr", "--ignore-date", "--signoff"]
+    proc = _git_now(scratch, "status", "--short", env=env)
+    for patch in authored:
+        proc = _git_now(scratch, *am, str(patch), env=env)
+        files = extras.get(patch.name, {})
+        if proc.returncode != 0:
+            break
+        if not files:
+            continue
+        for rel, data in files.items():
+            (scratch / rel).parent.mkdir(parents=True, exist_ok=True)
+            (scratch / rel).write_bytes(data)
+        git(scratch, "add", "--force", "--", *files)
+        amend = ["commit", "--quiet", "--amend", "--no-edit", "--no-verify"]
+        proc = _git_now(scratch, *amend, env=env)
+        if proc.returncode != 0:
+            break
+    return proc
+
+
 def pr_branch(
     tree: Path,
     pin: Pin,
@@ -799,9 +827,12 @@ def pr_branch(
     branch: str | None = None,
     author: str | None = None,
     generated: dict[str, str] | None = None,
+    extras: dict[str, dict[str, bytes]] | None = None,
 ) -> str:
     """A branch off HEAD with one commit per patch, by `author`, each signed
-    off by the author and dated now; the checkout is untouched."""
+    off by the author and dated now; the checkout is untouched. `extras`:
+    {patch file name: {path: bytes}}, files its commit adds beside the
+    patch's changes (its unit tests and docs page)."""
     target = check_tree(tree, pin)
     if target.kind != "checkout" or not target.is_git:
         raise CheckoutError(
@@ -826,16 +857,7 @@ def pr_branch(
         scratch = Path(tmp) / "scratch"
         git(repo, "worktree", "add", "--quiet", "-b", branch, str(scratch), "HEAD")
         try:
-            proc = _git_now(
-                scratch,
-                "am",
-                "--quiet",
-                "--keep-cr",
-                "--ignore-date",
-                "--signoff",
-                *map(str, authored),
-                env=env,
-            )
+            proc = _commit_patches(scratch, authored, extras or {}, env)
             if proc.returncode != 0:
                 git(scratch, "am", "--abort", check=False)
                 git(repo, "worktree", "remove", "--force", str(scratch), check=False)

@@ -39,7 +39,7 @@ PYTHON_START = re.compile(
     r"\s*(=[^=]|\(|\+=))"
 )
 HTTP_LINE = re.compile(r"^\s*(GET|POST|PUT|PATCH|DELETE)\s+(/[\w/.-]*)")
-TRAILER = re.compile(r"^(Depends|Feature|Forwarded):\s*(.*)$")
+TRAILER = re.compile(r"^(Depends|Feature|Bug|Forwarded):\s*(.*)$")
 ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
 
 

@@ -516,6 +516,8 @@ def trailer_problems(text: str) -> list[str]:
             problems.append(f"Depends: {m.group(2)}: no such patch")
         elif m.group(1) == "Feature" and m.group(2) not in features():
             problems.append(f"Feature: {m.group(2)}: no feature of the series")
+        elif m.group(1) == "Bug" and not re.match(r"^https://\S+$", m.group(2)):
+            problems.append(f"Bug: {m.group(2)}: not the URL of an upstream issue")
         elif m.group(1) == "Forwarded" and not re.match(
             r"^(no|not-needed\b.*|https?://\S+)$", m.group(2)
         ):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import patch_names, rewrites, series
+from devtools import patch_names, pr_files, rewrites, series
 from devtools.pin import Pin, PinError, read_pin, unpack_archive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -637,3 +637,39 @@ def test_rewrites_are_what_git_blame_says(scratch):
                     key = (name, names[author])
                     blamed[key] = blamed.get(key, 0) + 1
     assert blamed and rewrites.rewrites(scratch) == blamed
+
+
+def test_pull_request_files_must_be_a_patch_s_unit_tests_or_docs(tmp_path):
+    """pr/<patch>/ holds what the patch's commit adds in a pull request:
+    registered unit tests and docs pages of a patch some pin has, once."""
+    pins = {"1": [patch_file(tmp_path, "secret-redaction.patch", "a: b")]}
+    root = tmp_path / "repo"
+    files = {
+        "secret-redaction/test/registered/unit/utils/test_redaction.py": "register_cpu_ci(est_time=1)\n",
+        "secret-redaction/docs/advanced_features/redaction.md": "# Redaction\n",
+        "secret-redaction/python/sglang/srt/x.py": "x = 1\n",
+        "secret-redaction/test/registered/unit/utils/test_unregistered.py": "x = 1\n",
+        "no-such-patch/docs/x.md": "# x\n",
+        "no-such-patch/test/registered/unit/utils/test_redaction.py": "register_cpu_ci(est_time=1)\n",
+    }
+    for rel, text in files.items():
+        (root / "pr" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "pr" / rel).write_text(text)
+    problems = pr_files.check_pr_files(root, pins)
+    assert problems == [
+        "pr/no-such-patch: no pin's series has a patch of that name",
+        "pr/secret-redaction/python/sglang/srt/x.py: a pull request adds unit tests "
+        "under test/registered/unit/ and pages under docs/ here; the code belongs "
+        "in the patch",
+        "pr/secret-redaction/test/registered/unit/utils/test_redaction.py: "
+        "pr/no-such-patch adds it too; one commit adds a file",
+        "pr/secret-redaction/test/registered/unit/utils/test_unregistered.py: a unit "
+        "test registers itself for upstream's CPU CI (register_cpu_ci)",
+    ]
+    assert (
+        pr_files.check_pr_files(
+            ROOT,
+            {v: series.Layout(ROOT, v).patches() for v in series.pin_versions(ROOT)},
+        )
+        == []
+    )

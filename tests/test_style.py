@@ -123,8 +123,20 @@ def test_our_code_is_black_clean():
         "--check",
         "--quiet",
         *("python", "devtools", "harness", "tests", "bench", "examples", "setup.py"),
+        "pr",
     )
     assert proc.returncode == 0, f"run `make format`:\n{proc.stderr}"
+
+
+def test_the_pull_request_tests_are_formatted_as_upstream_formats():
+    """pr/ is upstream code: black 24.10.0, and isort with sglang first-party."""
+    import isort
+
+    config = isort.Config(profile="black", known_first_party=["sglang"], quiet=True)
+    files = sorted((ROOT / "pr").rglob("*.py"))
+    assert files
+    bad = [f for f in files if not isort.check_code(f.read_text(), config=config)]
+    assert not bad, f"isort --profile black -p sglang: {bad}"
 
 
 def test_every_generated_file_is_marked_generated_for_review_tools():

@@ -1,0 +1,90 @@
+"""What a pull-request branch adds beside the series: each feature's tests in
+upstream's own layout, and its page in upstream's docs.
+
+`pr/<patch name>/<path in the SGLang repository>`, e.g.
+`pr/secret-redaction/test/registered/unit/utils/test_redaction.py`: `make
+pr-branch` adds these files to that patch's commit, so each commit carries
+the unit tests upstream's CI would run for it (CPU-only, no server, as
+upstream's `test/registered/unit/README.md` asks) and its documentation.
+They are not part of the series: the forked wheel and an applied tree never
+carry them (upstream's wheel has no `test/` or `docs/`). One copy serves
+every pin whose series has the patch.
+
+Standard library only, as the rest of devtools.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+PR_DIR = "pr"
+# Where upstream keeps what a pull request adds beside the code.
+UNIT_TESTS = "test/registered/unit/"
+DOCS = "docs/"
+
+
+def pr_files(root: Path, patch_name: str) -> dict[str, bytes]:
+    """{path in the SGLang repository: bytes} that the commit of the patch
+    named `patch_name` (its file name, with or without `.patch`) adds."""
+    folder = root / PR_DIR / patch_name.removesuffix(".patch")
+    if not folder.is_dir():
+        return {}
+    return {
+        path.relative_to(folder).as_posix(): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def pr_files_of(root: Path, patches: list[Path]) -> dict[str, dict[str, bytes]]:
+    """{patch file name: its pr_files} for the patches that have some."""
+    found = {patch.name: pr_files(root, patch.name) for patch in patches}
+    return {name: files for name, files in found.items() if files}
+
+
+def unit_test_modules(files: dict[str, bytes]) -> list[str]:
+    """The unit-test modules among a commit's pr_files."""
+    return sorted(
+        rel
+        for rel in files
+        if rel.startswith(UNIT_TESTS) and re.search(r"/test_[^/]*\.py$", rel)
+    )
+
+
+def check_pr_files(root: Path, series: dict[str, list[Path]]) -> list[str]:
+    """Each folder names a patch of some pin's series; each file is a unit
+    test registered for upstream's CPU CI, or a docs page."""
+    top = root / PR_DIR
+    if not top.is_dir():
+        return []
+    names = {p.name.removesuffix(".patch") for ps in series.values() for p in ps}
+    problems = []
+    added: dict[str, str] = {}
+    for folder in sorted(p for p in top.iterdir() if p.is_dir()):
+        where = f"{PR_DIR}/{folder.name}"
+        if folder.name not in names:
+            problems.append(f"{where}: no pin's series has a patch of that name")
+        for rel, data in pr_files(root, folder.name).items():
+            first = added.setdefault(rel, folder.name)
+            if first != folder.name:
+                problems.append(
+                    f"{where}/{rel}: {PR_DIR}/{first} adds it too; one commit "
+                    "adds a file"
+                )
+            if rel.startswith(UNIT_TESTS) and rel.endswith(".py"):
+                if (
+                    rel in unit_test_modules({rel: data})
+                    and b"register_cpu_ci(" not in data
+                ):
+                    problems.append(
+                        f"{where}/{rel}: a unit test registers itself for "
+                        "upstream's CPU CI (register_cpu_ci)"
+                    )
+            elif not (rel.startswith(DOCS) and rel.endswith(".md")):
+                problems.append(
+                    f"{where}/{rel}: a pull request adds unit tests under "
+                    f"{UNIT_TESTS} and pages under {DOCS} here; the code "
+                    "belongs in the patch"
+                )
+    return problems

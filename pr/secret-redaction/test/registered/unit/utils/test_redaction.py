@@ -1,0 +1,50 @@
+"""Unit tests for redacting secrets from server arguments — no server."""
+
+import dataclasses
+import unittest
+from typing import Optional
+
+from sglang.srt.utils.redaction import (
+    REDACTED,
+    SECRET_SERVER_ARGS,
+    redact_server_args,
+    redacted_repr,
+)
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=1, suite="base-a-test-cpu")
+
+
+@dataclasses.dataclass
+class Args:
+    model_path: str = "model"
+    api_key: Optional[str] = None
+    admin_api_key: Optional[str] = None
+    ssl_keyfile_password: Optional[str] = None
+
+
+class TestRedaction(CustomTestCase):
+    def test_set_secrets_are_replaced_and_unset_ones_stay_none(self):
+        args = {"model_path": "m", "api_key": "k1", "admin_api_key": None}
+        out = redact_server_args(args)
+        self.assertEqual(out["api_key"], REDACTED)
+        self.assertIsNone(out["admin_api_key"])
+        self.assertEqual(out["model_path"], "m")
+        self.assertEqual(args["api_key"], "k1")  # the caller's dict is untouched
+
+    def test_every_secret_field_is_covered(self):
+        args = {key: f"secret-{key}" for key in SECRET_SERVER_ARGS}
+        out = redact_server_args(args)
+        self.assertFalse(any("secret-" in str(v) for v in out.values()))
+
+    def test_repr_shows_no_secret(self):
+        text = redacted_repr(Args(api_key="k1", ssl_keyfile_password="pw"))
+        self.assertNotIn("k1", text)
+        self.assertNotIn("pw", text)
+        self.assertIn("model_path='model'", text)
+        self.assertIn("admin_api_key=None", text)
+
+
+if __name__ == "__main__":
+    unittest.main()

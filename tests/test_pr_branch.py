@@ -1,0 +1,115 @@
+"""`make pr-branch` as an upstream maintainer receives it: each feature's
+commit carries its unit tests in upstream's layout (`pr/<patch>/`), and
+they pass on CPU, run by pytest from the branch's own tree (upstream's
+`sglang.test` helpers included), at the branch's head and at each commit
+that adds them. `make test` checks the branch; `make test-pr-branch` (run by
+CI after it; RLSYNC_PR_UNIT_TESTS=1) runs the unit tests too: a process per
+commit, each importing upstream's test helpers (about 12 s), so about a
+minute and a half a pin."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ACTIVE_PIN
+
+from devtools import pr_files, series
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYOUT = series.Layout(ROOT, ACTIVE_PIN)
+JANE = "Jane Doe <jane@example.org>"
+
+RUN_UNIT_TESTS = os.environ.get("RLSYNC_PR_UNIT_TESTS") == "1"
+
+pytestmark = pytest.mark.per_pin
+
+
+def sh(cwd: Path, *args: str) -> str:
+    return series.git(cwd, *args, env=series.IDENTITY).stdout
+
+
+@pytest.fixture(scope="module")
+def branch(upstream_tree, tmp_path_factory) -> tuple[Path, str]:
+    """A git checkout of the pristine release, with the pr-branch made."""
+    repo = tmp_path_factory.mktemp("pr") / "sglang"
+    shutil.copytree(upstream_tree / "python", repo / "python", symlinks=True)
+    sh(repo, "init", "-q", "--initial-branch=main")
+    sh(repo, "add", "-A", "-f")
+    sh(repo, "commit", "-qm", f"v{ACTIVE_PIN}")
+    proc = subprocess.run(
+        [sys.executable, "-m", "devtools", "--pin", ACTIVE_PIN, "pr-branch"]
+        + [str(repo), "--author", JANE, "--branch", "pr"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return repo, "pr"
+
+
+def commits_of(repo: Path, name: str) -> dict[str, str]:
+    """{patch file name: its commit on the branch}, in series order."""
+    log = sh(repo, "log", "--reverse", "--format=%H", f"main..{name}").split()
+    return dict(zip((p.name for p in LAYOUT.patches()), log))
+
+
+def run_unit_tests(tree: Path, files: list[str]) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(tree / "python")}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_each_feature_commit_adds_its_unit_tests_and_docs(branch):
+    repo, name = branch
+    extras = pr_files.pr_files_of(ROOT, LAYOUT.patches())
+    assert extras, "no patch of the series has upstream-style tests under pr/"
+    for patch, commit in commits_of(repo, name).items():
+        added = sh(repo, "show", "--name-only", "--diff-filter=A", "--format=", commit)
+        for rel, data in extras.get(patch, {}).items():
+            assert rel in added.split(), (patch, rel)
+            assert sh(repo, "show", f"{commit}:{rel}").encode() == data
+
+
+@pytest.mark.skipif(not RUN_UNIT_TESTS, reason="make test-pr-branch runs it")
+def test_the_unit_tests_pass_at_the_head(branch, tmp_path):
+    repo, name = branch
+    extras = pr_files.pr_files_of(ROOT, LAYOUT.patches())
+    every = [
+        rel for files in extras.values() for rel in pr_files.unit_test_modules(files)
+    ]
+    assert every
+    head = tmp_path / "head"
+    sh(repo, "worktree", "add", "-q", "--detach", str(head), name)
+    proc = run_unit_tests(head, every)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"\b\d+ passed\b", proc.stdout), proc.stdout
+
+
+@pytest.mark.skipif(not RUN_UNIT_TESTS, reason="make test-pr-branch runs it")
+def test_the_unit_tests_pass_at_the_commit_that_adds_them(branch, tmp_path):
+    """What a reviewer checks out is that commit: its tests may not lean on
+    a later patch."""
+    repo, name = branch
+    extras = pr_files.pr_files_of(ROOT, LAYOUT.patches())
+    ran = 0
+    for patch, commit in commits_of(repo, name).items():
+        files = pr_files.unit_test_modules(extras.get(patch, {}))
+        if not files:
+            continue
+        tree = tmp_path / patch
+        sh(repo, "worktree", "add", "-q", "--detach", str(tree), commit)
+        proc = run_unit_tests(tree, files)
+        assert proc.returncode == 0, f"{patch}:\n{proc.stdout}{proc.stderr}"
+        ran += 1
+    assert ran
