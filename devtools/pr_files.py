@@ -87,4 +87,14 @@ def check_pr_files(root: Path, series: dict[str, list[Path]]) -> list[str]:
                     f"{UNIT_TESTS} and pages under {DOCS} here; the code "
                     "belongs in the patch"
                 )
+    for version, patches in series.items():
+        for patch in patches:
+            message = patch.read_text().partition("\ndiff --git ")[0]
+            message = " ".join(message.split())
+            for rel in unit_test_modules(pr_files(root, patch.name)):
+                if rel not in message:
+                    problems.append(
+                        f"{version}: {patch.name}: its message does not name "
+                        f"{rel}, the unit tests its pull request adds"
+                    )
     return problems

@@ -641,7 +641,8 @@ def test_rewrites_are_what_git_blame_says(scratch):
 
 def test_pull_request_files_must_be_a_patch_s_unit_tests_or_docs(tmp_path):
     """pr/<patch>/ holds what the patch's commit adds in a pull request:
-    registered unit tests and docs pages of a patch some pin has, once."""
+    registered unit tests and docs pages of a patch some pin has, once, and
+    the patch's message names its unit tests."""
     pins = {"1": [patch_file(tmp_path, "secret-redaction.patch", "a: b")]}
     root = tmp_path / "repo"
     files = {
@@ -665,6 +666,10 @@ def test_pull_request_files_must_be_a_patch_s_unit_tests_or_docs(tmp_path):
         "pr/no-such-patch adds it too; one commit adds a file",
         "pr/secret-redaction/test/registered/unit/utils/test_unregistered.py: a unit "
         "test registers itself for upstream's CPU CI (register_cpu_ci)",
+        "1: secret-redaction.patch: its message does not name test/registered/"
+        "unit/utils/test_redaction.py, the unit tests its pull request adds",
+        "1: secret-redaction.patch: its message does not name test/registered/"
+        "unit/utils/test_unregistered.py, the unit tests its pull request adds",
     ]
     assert (
         pr_files.check_pr_files(
