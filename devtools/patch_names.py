@@ -20,7 +20,9 @@ from pathlib import Path
 
 NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z0-9]+)*\.patch")
 MAX_LENGTH = 48  # ".patch" included
-_FEATURE = re.compile(r"^Feature: *(\S+) *$", re.M)
+# As series.patch_trailers reads them: a line may list several names.
+_FEATURE = re.compile(r"^Feature:[ \t]*(.*?)[ \t]*$", re.M)
+_DIFF_FILE = re.compile(r"^diff --git a/\S+ b/(\S+)$", re.M)
 _SUBJECT = re.compile(r"^Subject: (?:\[PATCH[^\]]*\] )?(.*(?:\n .*)*)", re.M)
 
 
@@ -33,7 +35,17 @@ def subject(text: str) -> str:
 
 def features(text: str) -> list[str]:
     """The `Feature:` names of a patch file's message."""
-    return _FEATURE.findall(text.partition("\ndiff --git ")[0])
+    head = text.partition("\ndiff --git ")[0]
+    return [
+        name
+        for line in _FEATURE.findall(head)
+        for name in re.split(r"[,\s]+", line)
+        if name
+    ]
+
+
+def _touched(text: str) -> set[str]:
+    return set(_DIFF_FILE.findall(text))
 
 
 def feature_file_name(feature: str) -> str:
@@ -45,16 +57,17 @@ def name_from_subject(text: str) -> str:
     """A name for a new patch without a feature: its subject's words after
     the area prefix ("weight sync: ..."), as many as fit."""
     words = re.sub(r"^[\w /.-]+: ", "", subject(text)).lower()
-    words = re.sub(r"[^a-z0-9]+", "-", words).strip("-") or "patch"
+    words = re.sub(r"[^a-z0-9]+", "-", words).strip("-")
+    if not words[:1].isalpha():
+        words = f"patch-{words}".strip("-")
+    room = MAX_LENGTH - len(".patch")
     name = ""
     for word in words.split("-"):
         longer = f"{name}-{word}" if name else word
-        if len(longer) + len(".patch") > MAX_LENGTH:
+        if len(longer) > room:
             break
         name = longer
-    if not name[:1].isalpha():
-        name = "patch-" + name
-    return (name or words[: MAX_LENGTH - len(".patch")]) + ".patch"
+    return (name or words[:room].strip("-")) + ".patch"
 
 
 def expected_name(text: str) -> str | None:
@@ -72,7 +85,8 @@ def check_names(patches: list[Path]) -> list[str]:
         if not NAME.fullmatch(patch.name):
             problems.append(
                 f"{patch.name}: a patch is named for what it does: lowercase "
-                "words and hyphens, no number (the order lives in series)"
+                "letters, digits and hyphens, starting with a letter (no "
+                "number first: the order lives in series)"
             )
         elif len(patch.name) > MAX_LENGTH:
             problems.append(
@@ -113,10 +127,12 @@ def export_names(texts: list[str], current: list[Path]) -> list[str]:
     names = [expected_name(t) or by_subject.get(subject(t)) for t in texts]
     if len(texts) == len(current):
         for i, name in enumerate(names):
-            kept = current[i].name
-            if name is None and kept not in names:
-                if expected_name(current[i].read_text()) is None:
-                    names[i] = kept
+            kept, was = current[i].name, current[i].read_text()
+            # A reworded subject keeps its place's name; a new patch in a
+            # dropped one's place (other files) does not inherit it.
+            same_place = kept not in names and expected_name(was) is None
+            if name is None and same_place and _touched(was) == _touched(texts[i]):
+                names[i] = kept
     names = [name or name_from_subject(t) for name, t in zip(names, texts)]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:

@@ -256,10 +256,9 @@ def export_port(layout: Layout) -> list[Path]:
             )
         ported: list[tuple[Path, str]] = []
         for made, pin_patch in zip(exported, pin_patches):
-            text = re.sub(
-                r"^Date: .*$", f"Date: {PATCH_DATE}", made.read_text(), 1, re.M
-            )
-            if _diff_body(text) != _diff_body(pin_patch.read_text()):
+            with open(made, newline="") as f:  # keep a CR a file has
+                text = re.sub(r"^Date: .*$", f"Date: {PATCH_DATE}", f.read(), 1, re.M)
+            if _diff_body(text) != _diff_body(pin_patch.read_bytes().decode()):
                 ported.append((pin_patch, text))
         out = layout.adjustments_dir
         if out.exists():
@@ -268,7 +267,8 @@ def export_port(layout: Layout) -> list[Path]:
             return []
         out.mkdir(parents=True)
         for pin_patch, text in ported:
-            (out / pin_patch.name).write_text(text)
+            with open(out / pin_patch.name, "w", newline="") as f:
+                f.write(text)
         (out / PORTED_FROM).write_text(
             "# the sha256 of each pin patch its port here was made from\n"
             + "".join(f"{p.name} {sha256_of(p)}\n" for p, _ in ported)

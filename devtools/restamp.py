@@ -6,12 +6,15 @@ every port of it stale although no line of code changed. `make
 port-restamp` compares each pin's series with the one committed at a
 revision (default HEAD): a pin patch whose changes (its diffs, byte for
 byte) are those of a committed patch is the same patch, renamed or
-reworded. Each port made from the committed patch gets the new name and
-header (the pin patch's own where the port's was the pin patch's, else its
-own with the renames applied), keeps its diffs, and is stamped as made from
-the new pin patch. A port whose pin patch changed its diffs, or whose own
-message would need more than renames, is left stale and named: those are
-made again with `make port`.
+reworded. Each port of it, as committed at that revision, gets the new name
+and header (the pin patch's own where the port's was the pin patch's; a
+port with a message of its own keeps it, its `Depends:` lines renamed, and
+is left stale if the pin patch was reworded beyond that), keeps its diffs,
+and is stamped as made from the new pin patch. A port whose pin patch
+changed its diffs or left the series is left as it is and named: those are
+made again with `make port`, or removed. Every port is read before any is
+written, so swaps and chains of names are safe, and running it again gives
+the same result.
 
 Standard library and git only, as the rest of devtools.
 """
@@ -69,19 +72,51 @@ def committed_series(layout: Layout, rev: str) -> dict[str, bytes]:
     return {name: show(name) for name in names}
 
 
-def _renamer(renames: dict[str, str]):
-    """Replace each old patch name (with or without `.patch`) by its new
-    one, where it stands as a whole name."""
-    if not renames:
-        return lambda text: text
-    pattern = re.compile(
-        rb"(?<![\w-])("
-        + b"|".join(re.escape(old.encode()) for old in sorted(renames, key=len)[::-1])
-        + rb")(?![\w])(?!-[\w])"
+def _depends_renamer(renames: dict[str, str]):
+    """Rename the patches `Depends:` lines name (with or without `.patch`)."""
+
+    def rename(text: bytes) -> bytes:
+        def line(m: re.Match) -> bytes:
+            name = m.group(2).decode()
+            stem = name.removesuffix(".patch")
+            if stem not in renames:
+                return m.group(0)
+            new = renames[stem] + (".patch" if name.endswith(".patch") else "")
+            return m.group(1) + new.encode()
+
+        return re.sub(rb"^(Depends: *)(\S+)", line, text, flags=re.M)
+
+    return rename
+
+
+def _committed_folder(
+    layout: Layout, rev: str
+) -> tuple[dict[str, str], dict[str, bytes]]:
+    """A release's `ported-from` and port files as committed at `rev`."""
+    where = layout.adjustments_dir.relative_to(layout.root).as_posix()
+    listing = subprocess.run(
+        ["git", "ls-tree", "--name-only", f"{rev}:{where}"],
+        cwd=layout.root,
+        env=git_env(),
+        capture_output=True,
     )
-    return lambda text: pattern.sub(
-        lambda m: renames[m.group(1).decode()].encode(), text
-    )
+    if listing.returncode != 0:
+        return {}, {}
+    files = {}
+    for name in listing.stdout.decode().split():
+        files[name] = subprocess.run(
+            ["git", "show", f"{rev}:{where}/{name}"],
+            cwd=layout.root,
+            env=git_env(),
+            capture_output=True,
+            check=True,
+        ).stdout
+    stamps = {}
+    for line in files.pop(PORTED_FROM, b"").decode().splitlines():
+        parts = line.split()
+        if len(parts) == 2 and not line.startswith("#"):
+            stamps[parts[0]] = parts[1]
+    return stamps, files
 
 
 @dataclass
@@ -101,57 +136,98 @@ def restamp(layout: Layout, rev: str = "HEAD") -> Restamped:
         for name, text in old.items()
         if _split(text)[1] in new_by_changes
     }
-    stems = {
-        o.removesuffix(".patch"): n.removesuffix(".patch")
-        for o, n in renamed_to.items()
-        if o != n
-    }
-    rename = _renamer(stems)
+    rename = _depends_renamer(
+        {
+            o.removesuffix(".patch"): n.removesuffix(".patch")
+            for o, n in renamed_to.items()
+            if o != n
+        }
+    )
     order = list(new)
     out = Restamped()
+    plans = []
     for release in adjusted(layout.root, layout.version):
-        port = Layout(layout.root, layout.version, release)
-        folder = port.adjustments_dir
+        folder = Layout(layout.root, layout.version, release).adjustments_dir
         if not (folder / PORTED_FROM).is_file():
             continue
-        made_from = read_ported_from(port)
+        made_from = read_ported_from(Layout(layout.root, layout.version, release))
+        committed_stamps, committed_files = _committed_folder(
+            Layout(layout.root, layout.version, release), rev
+        )
+        files: dict[str, bytes] = {}
         stamps: dict[str, str] = {}
+        stale: dict[str, str] = {}
+        carried: set[str] = set()  # committed ports given their new name
+        # Ports made from a pin patch as it is now stay as they are.
         for name, sha in made_from.items():
             path = folder / name
-            if name in new and sha == _sha256(new[name]):
-                stamps[name] = sha  # made from the pin patch as it is
-                continue
-            was = old.get(name)
+            if name in new and sha == _sha256(new[name]) and path.is_file():
+                files[name], stamps[name] = path.read_bytes(), sha
+        # The committed ports, carried to the pin patches as they are now.
+        for name, sha in committed_stamps.items():
             target = renamed_to.get(name)
-            if was is None or sha != _sha256(was) or target is None:
-                why = (
-                    "its pin patch's changes differ from those it was made from"
-                    if was is not None and sha == _sha256(was)
-                    else f"it was not made from {rev}'s pin patch"
-                )
-                out.left_stale.append(f"{release}/{name}: {why}")
-                stamps[name] = sha
+            was = old.get(name)
+            if target in files or name not in committed_files:
                 continue
-            head, changes = _split(path.read_bytes())
+            if was is None or sha != _sha256(was):
+                stale[name] = f"it was not made from {rev}'s pin patch"
+                continue
+            if target is None:
+                stale[name] = (
+                    "its pin patch's changes differ from those it was made from"
+                    if name in new
+                    else "its pin patch is no longer in the series: remove it"
+                )
+                continue
+            head, changes = _split(committed_files[name])
             pin_head = _split(new[target])[0]
             if head == _split(was)[0]:
                 head = pin_head
             elif rename(_split(was)[0]) == pin_head:
                 head = rename(head)
             else:
-                out.left_stale.append(
-                    f"{release}/{name}: its message is its own and its pin "
-                    "patch's changed beyond renames"
+                stale[name] = (
+                    "its message is its own and its pin patch's was reworded "
+                    "beyond renames: reword it the same way (make port)"
                 )
-                stamps[name] = sha
                 continue
-            (folder / target).write_bytes(head + changes)
-            out.written.append(folder / target)
-            if target != name:
+            files[target], stamps[target] = head + changes, _sha256(new[target])
+            carried.add(name)
+        # What is neither current nor carried over stays, stale, unless a
+        # carried port now has its name.
+        for name, sha in made_from.items():
+            if name in files or name in carried:
+                stale.pop(name, None)
+                continue
+            path = folder / name
+            if not path.is_file():
+                stale[name] = f"{PORTED_FROM} lists it, but the file is missing"
+                continue
+            stale.setdefault(
+                name,
+                (
+                    f"it was not made from {rev}'s pin patch (a rename or "
+                    "rewording committed since: SINCE=<that commit>^)"
+                    if name in new
+                    else "its pin patch is no longer in the series: remove it"
+                ),
+            )
+            files[name], stamps[name] = path.read_bytes(), sha
+        out.left_stale += [f"{release}/{n}: {why}" for n, why in sorted(stale.items())]
+        plans.append((folder, files, stamps))
+    for folder, files, stamps in plans:
+        for path in sorted(folder.glob("*.patch")):
+            if path.name not in files:
                 path.unlink()
                 out.removed.append(path)
-            stamps[target] = _sha256(new[target])
-        ranked = sorted(stamps, key=lambda n: order.index(n) if n in order else -1)
+        for name, data in files.items():
+            path = folder / name
+            if not path.is_file() or path.read_bytes() != data:
+                path.write_bytes(data)
+                out.written.append(path)
+        ranked = sorted(
+            stamps, key=lambda n: (order.index(n) if n in order else len(order), n)
+        )
         (folder / PORTED_FROM).write_text(
             "# the sha256 of each pin patch its port here was made from\n"
             + "".join(f"{n} {stamps[n]}\n" for n in ranked)

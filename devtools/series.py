@@ -282,6 +282,8 @@ def lint_patch(patch: Path) -> list[str]:
         problems.append(f"{patch.name}: the message needs a body saying what and why")
     if not re.search(r"^Forwarded: \S", body, re.M):
         problems.append(f"{patch.name}: the message needs a 'Forwarded: no|<PR>' line")
+    if len(re.findall(r"^Forwarded:", body, re.M)) > 1:
+        problems.append(f"{patch.name}: one 'Forwarded:' line, not several")
     for key, value in re.findall(r"^(Forwarded|Bug): *(.*?) *$", body, re.M):
         if not re.fullmatch(_TRAILER_VALUES[key], value):
             problems.append(
@@ -951,10 +953,11 @@ def export_patches(layout: Layout) -> list[Path]:
         raise SeriesError(f"{work}: uncommitted changes; commit them first:\n{dirty}")
     with tempfile.TemporaryDirectory() as tmp:
         git(work, *FORMAT_PATCH, "--output-directory", tmp, "upstream..HEAD")
-        texts = [
-            re.sub(r"^Date: .*$", f"Date: {PATCH_DATE}", path.read_text(), 1, re.M)
-            for path in sorted(Path(tmp).glob("*.patch"))
-        ]
+        texts = []
+        for path in sorted(Path(tmp).glob("*.patch")):
+            with open(path, newline="") as f:  # keep a CR a file has
+                text = f.read()
+            texts.append(re.sub(r"^Date: .*$", f"Date: {PATCH_DATE}", text, 1, re.M))
     current = read_series(layout.patches_dir) if layout.series_file.is_file() else []
     try:
         names = export_names(texts, current)
@@ -963,7 +966,8 @@ def export_patches(layout: Layout) -> list[Path]:
     for old in layout.patches_dir.glob("*.patch"):
         old.unlink()
     for name, text in zip(names, texts):
-        (layout.patches_dir / name).write_text(text)
+        with open(layout.patches_dir / name, "w", newline="") as f:
+            f.write(text)
     layout.series_file.write_text("".join(name + "\n" for name in names))
     write_generated(layout, work)
     return [layout.patches_dir / name for name in names]

@@ -345,6 +345,73 @@ def test_a_pin_patch_renamed_or_reworded_reaches_its_ports_by_restamp(tmp_path):
     assert restamp.restamp(pin).written == []  # done once is done
 
 
+def rename_pin_patches(pin: series.Layout, renames: dict[str, str]) -> None:
+    """Rename pin patches at once (stems): files, series, `Depends:` lines."""
+    texts = {p.name: p.read_text() for p in pin.patches_dir.glob("*.patch")}
+    for path in pin.patches_dir.glob("*.patch"):
+        path.unlink()
+    for name, text in texts.items():
+        text = re.sub(
+            r"^Depends: (\S+)$",
+            lambda m: f"Depends: {renames.get(m.group(1), m.group(1))}",
+            text,
+            flags=re.M,
+        )
+        stem = name.removesuffix(".patch")
+        (pin.patches_dir / f"{renames.get(stem, stem)}.patch").write_text(text)
+    pin.series_file.write_text(
+        "".join(
+            f"{renames.get(line[:-6], line[:-6])}.patch\n"
+            for line in pin.series_file.read_text().split()
+        )
+    )
+
+
+@pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
+def test_restamp_takes_a_swap_of_two_names_and_a_second_rewording(tmp_path):
+    """Two pin patches swap names: each port follows its own diffs, none is
+    lost or stamped with the other's pin patch. A second rewording before
+    any commit is carried too (restamp starts from the committed ports)."""
+    release = max(ADJUSTED, key=lambda r: len(port_files(r)))
+    root = copy_of_pins(tmp_path)
+    series.git(root, "init", "-q")
+    series.git(root, "add", "-A")
+    series.git(root, "commit", "-qm", "pins", env=series.IDENTITY)
+    pin = series.Layout(root, release.series)
+    folder = series.Layout(root, release.series, release.version).adjustments_dir
+    first, second = [
+        p.stem
+        for p in sorted(folder.glob("*.patch"))
+        if series.patch_message(p) == series.patch_message(pin.patches_dir / p.name)
+    ][:2]
+    diffs = {
+        n: smoke.patch_changes((folder / f"{n}.patch").read_text())
+        for n in (first, second)
+    }
+    rename_pin_patches(pin, {first: second, second: first})
+
+    done = restamp.restamp(pin)
+
+    assert done.left_stale == []
+    assert smoke.patch_changes((folder / f"{second}.patch").read_text()) == diffs[first]
+    assert smoke.patch_changes((folder / f"{first}.patch").read_text()) == diffs[second]
+    assert ports.check_ports(pin) == []
+    for time in ("once", "twice"):
+        reworded = pin.patches_dir / f"{second}.patch"
+        text = re.sub(
+            r"\n(Reworded \w+\.\n\n)?Forwarded:",
+            "\nForwarded:",
+            reworded.read_text(),
+            count=1,
+        )
+        reworded.write_text(
+            text.replace("\nForwarded:", f"\nReworded {time}.\n\nForwarded:", 1)
+        )
+        restamp.restamp(pin)
+    assert ports.check_ports(pin) == []
+    assert "Reworded twice." in (folder / f"{second}.patch").read_text()
+
+
 @pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
 def test_ports_must_be_where_the_map_says_and_nowhere_else(tmp_path):
     release = ADJUSTED[0]

@@ -206,6 +206,16 @@ def test_export_picks_up_a_new_commit(scratch):
     assert series.check(scratch) == []
 
 
+def test_export_keeps_a_carriage_return_a_file_has(scratch):
+    """The worktree applies patches with --keep-cr; exporting keeps the CR."""
+    work = series.make_worktree(scratch)
+    target = work / series.overlay_files(scratch)[0]
+    target.write_bytes(target.read_bytes() + b"x = 1\r\n")
+    series.git(work, "commit", "-qam", "demo: a CR\n\nWhy.\n\nForwarded: no")
+    exported = series.export_patches(scratch)
+    assert b"+x = 1\r\n" in exported[-1].read_bytes()
+
+
 def test_export_refuses_uncommitted_changes(scratch):
     work = series.make_worktree(scratch)
     target = work / series.overlay_files(scratch)[0]
@@ -580,6 +590,21 @@ def test_export_keeps_each_patch_s_name(tmp_path):
         "two-phase.patch",
         "kept-name.patch",
     ]
+    other_files = added.replace("a/x b/x", "a/y b/y")
+    assert patch_names.export_names([texts[0], other_files, texts[2]], current) == [
+        "two-phase.patch",
+        "serve-calls-in-2-orders.patch",  # a dropped patch's place, not its name
+        "moved.patch",
+    ]
+    tabbed = texts[0].replace("Feature: two_phase\n", "Feature:\ttwo_phase\t\n")
+    assert patch_names.expected_name(tabbed) == "two-phase.patch"
+    two = texts[0].replace("Feature: two_phase\n", "Feature: two_phase, other\n")
+    assert patch_names.features(two) == ["two_phase", "other"]
+    assert patch_names.expected_name(two) is None
+    for subject in ("x: " + "y" * 60, "x: 2 things", "x: " + "9" * 60):
+        name = patch_file(tmp_path, "n.patch", subject).read_text()
+        assert patch_names.NAME.fullmatch(patch_names.name_from_subject(name))
+        assert len(patch_names.name_from_subject(name)) <= patch_names.MAX_LENGTH
     with pytest.raises(ValueError, match="two patches would be named two-phase.patch"):
         patch_names.export_names([texts[0], texts[0]], current)
 
