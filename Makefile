@@ -53,7 +53,7 @@ PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) an
 help:
 	@echo "make test                       every pin: venv + wheels + the whole suite (real SGLang on CPU)"
 	@echo "make test PIN=<version>         the same for one pin ($(PINS))"
-	@echo "make test-fast                  venv + wheel + the tests that start no server and build nothing (under a minute)"
+	@echo "make test-fast                  venv + wheel + the tests that start no server and build nothing (about 5 minutes)"
 	@echo "make demo                       two real servers (TP 1 + TP 2), three syncs under load, checked"
 	@echo "make test-quickstart            README \"Try it on CPU\" as written, the trainer install included (minutes, network)"
 	@echo "make test-pr-branch             the pull-request branch's unit tests at its head and each commit adding them, every pin (3 minutes)"
