@@ -288,12 +288,12 @@ def test_a_port_made_from_another_version_of_its_patch_is_named(tmp_path):
     assert f"make port RELEASE={release.version}" in problem
 
 
-@pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
-def test_a_pin_patch_renamed_or_reworded_reaches_its_ports_by_restamp(tmp_path):
-    """Renaming a pin patch (its `Depends:` lines with it) or rewording it
-    changes no code: `make port-restamp` gives each port the new name and
-    message and stamps it, its diffs kept byte for byte. A port whose pin
-    patch changed its diffs stays stale and is named."""
+def committed_pins_of_most_ported_release(
+    tmp_path: Path,
+) -> tuple[releases.Release, series.Layout, Path]:
+    """pins/ copied into a git repository and committed (restamp starts from
+    the committed ports); the release with the most ports, its pin and its
+    ports' folder."""
     release = max(ADJUSTED, key=lambda r: len(port_files(r)))
     root = copy_of_pins(tmp_path)
     series.git(root, "init", "-q")
@@ -301,6 +301,16 @@ def test_a_pin_patch_renamed_or_reworded_reaches_its_ports_by_restamp(tmp_path):
     series.git(root, "commit", "-qm", "pins", env=series.IDENTITY)
     pin = series.Layout(root, release.series)
     folder = series.Layout(root, release.series, release.version).adjustments_dir
+    return release, pin, folder
+
+
+@pytest.mark.skipif(not ADJUSTED, reason="no release is served with ports")
+def test_a_pin_patch_renamed_or_reworded_reaches_its_ports_by_restamp(tmp_path):
+    """Renaming a pin patch (its `Depends:` lines with it) or rewording it
+    changes no code: `make port-restamp` gives each port the new name and
+    message and stamps it, its diffs kept byte for byte. A port whose pin
+    patch changed its diffs stays stale and is named."""
+    release, pin, folder = committed_pins_of_most_ported_release(tmp_path)
     same_message = [
         p
         for p in sorted(folder.glob("*.patch"))
@@ -372,13 +382,7 @@ def test_restamp_takes_a_swap_of_two_names_and_a_second_rewording(tmp_path):
     """Two pin patches swap names: each port follows its own diffs, none is
     lost or stamped with the other's pin patch. A second rewording before
     any commit is carried too (restamp starts from the committed ports)."""
-    release = max(ADJUSTED, key=lambda r: len(port_files(r)))
-    root = copy_of_pins(tmp_path)
-    series.git(root, "init", "-q")
-    series.git(root, "add", "-A")
-    series.git(root, "commit", "-qm", "pins", env=series.IDENTITY)
-    pin = series.Layout(root, release.series)
-    folder = series.Layout(root, release.series, release.version).adjustments_dir
+    release, pin, folder = committed_pins_of_most_ported_release(tmp_path)
     first, second = [
         p.stem
         for p in sorted(folder.glob("*.patch"))
