@@ -289,8 +289,8 @@ def cmd_port_export(args: argparse.Namespace) -> int:
 def cmd_rewrites(args: argparse.Namespace) -> int:
     for layout in _layouts(args):
         path = layout.pin_dir / rewrites.REWRITES_FILE
-        path.write_text(rewrites.rewrites_text(layout))
         found = rewrites.rewrites(layout)
+        path.write_text(rewrites.rewrites_text(found))
         print(
             f"{path.relative_to(layout.root)}: {len(found)} rewrites, "
             f"{sum(found.values())} lines"

@@ -801,7 +801,7 @@ def _commit_patches(
     """`git am` each patch in turn, its extras added to its own commit; the
     first command that fails."""
     am = ["am", "--quiet", "--keep-cr", "--ignore-date", "--signoff"]
-    proc = _git_now(scratch, "status", "--short", env=env)
+    proc = subprocess.CompletedProcess(am, 0, "", "")  # no patch: nothing failed
     for patch in authored:
         proc = _git_now(scratch, *am, str(patch), env=env)
         files = extras.get(patch.name, {})

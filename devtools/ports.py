@@ -49,8 +49,14 @@ PORTED_FROM = "ported-from"
 def read_ported_from(layout: Layout) -> dict[str, str]:
     """{pin patch file name: sha256 of the pin patch the port was made from}."""
     path = layout.adjustments_dir / PORTED_FROM
+    return parse_ported_from(path.read_text(errors="replace"), str(path))
+
+
+def parse_ported_from(text: str, path: str) -> dict[str, str]:
+    """`ported-from`'s text (from `path`, for errors) as read_ported_from
+    reads it."""
     out: dict[str, str] = {}
-    for lineno, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+    for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         parts = line.split()

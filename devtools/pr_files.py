@@ -43,13 +43,13 @@ def pr_files_of(root: Path, patches: list[Path]) -> dict[str, dict[str, bytes]]:
     return {name: files for name, files in found.items() if files}
 
 
+def is_unit_test(rel: str) -> bool:
+    return rel.startswith(UNIT_TESTS) and bool(re.search(r"/test_[^/]*\.py$", rel))
+
+
 def unit_test_modules(files: dict[str, bytes]) -> list[str]:
     """The unit-test modules among a commit's pr_files."""
-    return sorted(
-        rel
-        for rel in files
-        if rel.startswith(UNIT_TESTS) and re.search(r"/test_[^/]*\.py$", rel)
-    )
+    return sorted(rel for rel in files if is_unit_test(rel))
 
 
 def check_pr_files(root: Path, series: dict[str, list[Path]]) -> list[str]:
@@ -73,10 +73,7 @@ def check_pr_files(root: Path, series: dict[str, list[Path]]) -> list[str]:
                     "adds a file"
                 )
             if rel.startswith(UNIT_TESTS) and rel.endswith(".py"):
-                if (
-                    rel in unit_test_modules({rel: data})
-                    and b"register_cpu_ci(" not in data
-                ):
+                if is_unit_test(rel) and b"register_cpu_ci(" not in data:
                     problems.append(
                         f"{where}/{rel}: a unit test registers itself for "
                         "upstream's CPU CI (register_cpu_ci)"

@@ -27,9 +27,16 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.ports import PORTED_FROM, read_ported_from
+from devtools.ports import PORTED_FROM, parse_ported_from, read_ported_from
 from devtools.releases import adjusted
-from devtools.series import PINS_DIR, Layout, SeriesError, git_env, read_series
+from devtools.series import (
+    PINS_DIR,
+    Layout,
+    SeriesError,
+    git_env,
+    read_series,
+    series_names,
+)
 
 _DIFF_START = b"\ndiff --git "
 
@@ -47,29 +54,31 @@ def _sha256(text: bytes) -> str:
     return hashlib.sha256(text).hexdigest()
 
 
+def _git_show(layout: Layout, rev: str, path: str) -> bytes | None:
+    """`path` (from the repository's root) as committed at `rev`; None
+    where it is not there."""
+    proc = subprocess.run(
+        ["git", "show", f"{rev}:{path}"],
+        cwd=layout.root,
+        env=git_env(),
+        capture_output=True,
+    )
+    return proc.stdout if proc.returncode == 0 else None
+
+
 def committed_series(layout: Layout, rev: str) -> dict[str, bytes]:
     """{file name: bytes} of the pin's series as committed at `rev`."""
     where = f"{PINS_DIR}/{layout.version}/patches"
-
-    def show(path: str) -> bytes:
-        proc = subprocess.run(
-            ["git", "show", f"{rev}:{where}/{path}"],
-            cwd=layout.root,
-            env=git_env(),
-            capture_output=True,
-        )
-        if proc.returncode != 0:
-            raise SeriesError(
-                f"git show {rev}:{where}/{path}: {proc.stderr.decode().strip()}"
-            )
-        return proc.stdout
-
-    names = []
-    for line in show("series").decode().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            names.append(line)
-    return {name: show(name) for name in names}
+    listing = _git_show(layout, rev, f"{where}/series")
+    if listing is None:
+        raise SeriesError(f"{where}/series: not committed at {rev}")
+    out = {}
+    for name in series_names(listing.decode()):
+        text = _git_show(layout, rev, f"{where}/{name}")
+        if text is None:
+            raise SeriesError(f"{where}/{name}: listed, but not committed at {rev}")
+        out[name] = text
+    return out
 
 
 def _depends_renamer(renames: dict[str, str]):
@@ -92,31 +101,15 @@ def _depends_renamer(renames: dict[str, str]):
 def _committed_folder(
     layout: Layout, rev: str
 ) -> tuple[dict[str, str], dict[str, bytes]]:
-    """A release's `ported-from` and port files as committed at `rev`."""
+    """A release's `ported-from` and port files as committed at `rev`
+    (nothing where it had none)."""
     where = layout.adjustments_dir.relative_to(layout.root).as_posix()
-    listing = subprocess.run(
-        ["git", "ls-tree", "--name-only", f"{rev}:{where}"],
-        cwd=layout.root,
-        env=git_env(),
-        capture_output=True,
-    )
-    if listing.returncode != 0:
+    stamps = _git_show(layout, rev, f"{where}/{PORTED_FROM}")
+    if stamps is None:
         return {}, {}
-    files = {}
-    for name in listing.stdout.decode().split():
-        files[name] = subprocess.run(
-            ["git", "show", f"{rev}:{where}/{name}"],
-            cwd=layout.root,
-            env=git_env(),
-            capture_output=True,
-            check=True,
-        ).stdout
-    stamps = {}
-    for line in files.pop(PORTED_FROM, b"").decode().splitlines():
-        parts = line.split()
-        if len(parts) == 2 and not line.startswith("#"):
-            stamps[parts[0]] = parts[1]
-    return stamps, files
+    made_from = parse_ported_from(stamps.decode(), f"{rev}:{where}/{PORTED_FROM}")
+    files = {name: _git_show(layout, rev, f"{where}/{name}") for name in made_from}
+    return made_from, {name: text for name, text in files.items() if text is not None}
 
 
 @dataclass

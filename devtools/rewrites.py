@@ -136,9 +136,8 @@ def check_rewrites(layout: Layout) -> list[str]:
     return problems
 
 
-def rewrites_text(layout: Layout) -> str:
-    """`pins/<pin>/rewrites` for the series as it is."""
-    found = rewrites(layout)
+def rewrites_text(found: dict[tuple[str, str], int]) -> str:
+    """`pins/<pin>/rewrites` listing `found` (what `rewrites` gives)."""
     return (
         "# Patches that rewrite lines an earlier patch adds (make rewrites):\n"
         "# <patch> <earlier patch> <lines>. make check fails on more; the list\n"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools.imports import unresolved_imports
-from devtools.patch_names import check_names, export_names
+from devtools.patch_names import check_names, export_names, features
 from devtools.pin import Pin, fetch_archive, read_pin, sha256_of, unpack_archive
 from devtools.releases import RELEASES_FILE, SERVED, Release, read_releases, served_by
 
@@ -214,15 +214,17 @@ def find_root(start: Path | None = None) -> Path:
 # --- the series -----------------------------------------------------------
 
 
+def series_names(text: str) -> list[str]:
+    """The patch file names a `series` file lists, in order."""
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
 def read_series(patches_dir: Path) -> list[Path]:
     series = patches_dir / "series"
     if not series.is_file():
         raise SeriesError(f"{series}: missing")
-    names = []
-    for line in series.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            names.append(line)
+    names = series_names(series.read_text())
     problems = []
     for name in names:
         if not (patches_dir / name).is_file():
@@ -331,8 +333,9 @@ def patch_trailers(patch: Path, key: str) -> list[str]:
 
 
 def patch_features(patch: Path) -> list[str]:
-    """The capabilities a patch adds (`Feature: <name>` lines)."""
-    return patch_trailers(patch, "Feature")
+    """The capabilities a patch adds (`Feature: <name>` lines), as its file
+    name follows them (`patch_names.features`)."""
+    return features(patch.read_text())
 
 
 def declared_dependencies(patches: list[Path]) -> dict[str, list[Path]]:
@@ -699,7 +702,7 @@ def check(layout: Layout) -> list[str]:
     overlay = _shown(layout, layout.overlay_dir)
     for patch in patches:
         problems.extend(lint_patch(patch))
-    problems.extend(check_names(read_series(layout.patches_dir)))
+    problems.extend(check_names(patches))
     with tempfile.TemporaryDirectory() as tmp:
         try:
             files = patched_tree(layout, Path(tmp), patches)
