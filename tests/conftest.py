@@ -281,7 +281,9 @@ def keyed_server(request, tiny_model):
     another admin key in SGLANG_ADMIN_API_KEY, which the flag overrides),
     logging requests with the Authorization header asked for, shared by the
     modules that need keys set (one start instead of one per module)."""
-    keys = ["--admin-api-key", KEYED_ADMIN_KEY, "--api-key", KEYED_API_KEY]
+    # One key abbreviated (argparse takes an unambiguous prefix), one after
+    # `=`: neither form may reach an answer or a log line.
+    keys = ["--admin-api", KEYED_ADMIN_KEY, f"--api-key={KEYED_API_KEY}"]
     # Request logs asked to carry the Authorization header: it never appears.
     keys += ["--log-requests", "--weight-update-max-tensor-request-mb", "1"]
     env = {

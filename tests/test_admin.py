@@ -5,8 +5,11 @@ client fails early against pristine upstream."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -181,6 +184,63 @@ def test_no_answer_or_log_line_carries_a_key(keyed_server):
     assert "server_args=ServerArgs(" in log or "server_args={" in log
     assert "admin_api_key=<redacted>" in log or "'admin_api_key': '<redacted>'" in log
     assert not [k for k in keys if k in log]
+
+
+# Each way argparse takes a secret flag: in full or as an unambiguous prefix,
+# its value after a space or after `=`, given twice (the first value is not
+# the one parsed); `--ssl-keyfile` is another flag and keeps its value.
+SECRET_COMMAND_LINES = [
+    ["--api-key", "s3cret-1", "--admin-api-key=s3cret-2"],
+    ["--api", "s3cret-1", "--admin-api=s3cret-2", "--ssl-keyfile-pass", "s3cret-3"],
+    ["--api-k=s3cret-1", "--admin-api-key", "s3cret-2", "--ssl-keyfile", "kf.pem"],
+    [
+        "--api-key",
+        "s3cret-1",
+        "--api-key",
+        "s3cret-2",
+        "--ssl-keyfile-password=s3cret-3",
+    ],
+]
+_LAUNCH_COMMANDS = """
+import json, sys
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+if not hasattr(ServerArgs, "launch_command"):
+    print("null")
+    sys.exit()
+base = ["--model-path", sys.argv[2], "--device", "cpu"]
+print(json.dumps([prepare_server_args(base + a).launch_command for a in json.loads(sys.argv[1])]))
+"""
+
+
+@pytest.mark.needs("secret_redaction")
+def test_launch_command_shows_no_secret_however_the_flag_is_spelled(tiny_model):
+    """Parsed as `sglang serve` parses them (in a child process: parsing
+    configures logging), on the series a server of this run starts."""
+    tree = os.environ.get("RLSYNC_SGLANG_TREE")
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+    if tree:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _LAUNCH_COMMANDS,
+            json.dumps(SECRET_COMMAND_LINES),
+            str(tiny_model),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    commands = json.loads(done.stdout.splitlines()[-1])
+    if commands is None:
+        pytest.skip("this release records no launch_command")
+    for argv, command in zip(SECRET_COMMAND_LINES, commands):
+        assert "s3cret" not in command, (argv, command)
+        assert command.count("<redacted>") == sum("s3cret" in a for a in argv)
+    assert "--ssl-keyfile kf.pem" in commands[2]
 
 
 @pytest.mark.needs("admin_api_key_env")

@@ -721,23 +721,40 @@ def prepare_server_args(argv: list[str]) -> ServerArgs:
     from sglang.srt.sampling.watermarking.core import redact_watermark_command_line
 
     server_args._launch_command = redact_watermark_command_line(
-        _redact_secret_flags(argv), raw_args.watermark_config
+        _redact_secret_flags(argv, parser, raw_args), raw_args.watermark_config
     )
     return server_args
 
 
-def _redact_secret_flags(argv: list[str]) -> list[str]:
-    """The command line with the value of every secret flag replaced."""
-    flags = {"--" + name.replace("_", "-") for name in SECRET_SERVER_ARGS}
+def _redact_secret_flags(
+    argv: list[str], parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> list[str]:
+    """The command line with the value of every secret replaced: after a
+    secret flag however argparse matched it (`--api X` is `--api-key X`: an
+    unambiguous prefix is accepted), and wherever a parsed secret appears."""
+    dest_of = {option: a.dest for a in parser._actions for option in a.option_strings}
+    secret_dests = set(SECRET_SERVER_ARGS)
+    values = {getattr(args, name, None) for name in SECRET_SERVER_ARGS} - {None, ""}
+
+    def names_secret(option: str) -> bool:
+        if option in dest_of:
+            return dest_of[option] in secret_dests
+        # The options this prefix could abbreviate (argparse refused the
+        # command line had it been ambiguous).
+        dests = {dest for o, dest in dest_of.items() if o.startswith(option)}
+        return option.startswith("--") and bool(dests) and dests <= secret_dests
+
     out: list[str] = []
+    secret_next = False
     for argument in argv:
-        name, sep, _ = argument.partition("=")
-        if out and out[-1] in flags:
+        name, sep, value = argument.partition("=")
+        if secret_next or argument in values:
             out.append(REDACTED)
-        elif sep and name in flags:
+        elif sep and (names_secret(name) or value in values):
             out.append(f"{name}={REDACTED}")
         else:
             out.append(argument)
+        secret_next = not sep and names_secret(argument)
     return out
 
 
