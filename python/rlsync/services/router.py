@@ -41,7 +41,7 @@ import math
 import os
 import secrets
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields, replace
 from types import FrameType
 from typing import Any, Optional, Union
 
@@ -58,6 +58,7 @@ from rlsync.auth import (
     visible_ascii,
 )
 from rlsync.client import error_message, require_scheme, update_group_dp
+from rlsync.engine import Engine
 from rlsync.request_body import DEFAULT_MAX_BODY_BYTES, BodyTooLarge, read_json_object
 from rlsync.services import router_metrics
 
@@ -94,9 +95,10 @@ VERSIONED_ROUTES = (
 
 @dataclass
 class Worker:
-    url: str
-    tp_size: int = 1
-    dp_size: int = 1
+    """An engine the router serves from (its shape as read from its
+    `/server_info`), and what the router knows of it now."""
+
+    engine: Engine
     dead: bool = False
     disabled: bool = False
     reason: str = ""
@@ -108,9 +110,27 @@ class Worker:
     routed: int = 0
 
     @property
+    def url(self) -> str:
+        return self.engine.url
+
+    @property
     def ranks(self) -> int:
         """Its ranks in an update group: every DP replica's TP ranks."""
-        return self.tp_size * self.dp_size
+        return self.engine.ranks
+
+    def describe(self) -> dict[str, Any]:
+        """What `GET /workers` shows of it (no key)."""
+        return {
+            "url": self.url,
+            "tp_size": self.engine.tp_size,
+            "dp_size": self.engine.dp_size,
+            **{
+                f.name: getattr(self, f.name)
+                for f in fields(self)
+                if f.name != "engine"
+            },
+            "routable": self.routable,
+        }
 
     @property
     def routable(self) -> bool:
@@ -174,7 +194,7 @@ class Router:
         )
         self.worker_headers = bearer_headers(api_key=config.worker_api_key)
         self._unread: set[tuple[str, str]] = set()  # (worker, field) warned about
-        self.workers = [Worker(u.rstrip("/")) for u in config.workers]
+        self.workers = [Worker(Engine(u.rstrip("/"))) for u in config.workers]
         self.fleet_version: Optional[str] = None
         self.admin_lock = asyncio.Lock()
         self.admin_holder = ""
@@ -241,8 +261,10 @@ class Router:
         try:
             info = await self.read_answer(w, "/server_info")
         except LookupError as e:
-            self.unreadable(w, "/server_info", "tp_size", str(e), f"{w.tp_size}")
+            using = f"{w.engine.tp_size}"
+            self.unreadable(w, "/server_info", "tp_size", str(e), using)
             return
+        shape = {}
         for field in ("tp_size", "dp_size"):
             value = info.get(field)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -251,8 +273,9 @@ class Router:
                 value = 1
             else:
                 self._unread.discard((w.url, field))
-            setattr(w, field, value)
-        w.dp_size = update_group_dp(info, w.dp_size)
+            shape[field] = value
+        shape["dp_size"] = update_group_dp(info, shape["dp_size"])
+        w.engine = replace(w.engine, **shape)
 
     async def _version(self, w: Worker) -> tuple[bool, Optional[str]]:
         """(True, the worker's weight version) or (False, None), warned."""
@@ -633,8 +656,7 @@ class Router:
             "admin_lock": self.admin_holder or None,
             "waiting_generations": self.waiting,
             "workers": [
-                {**asdict(w), "routable": w.routable, "state": self._state(w)}
-                for w in self.workers
+                {**w.describe(), "state": self._state(w)} for w in self.workers
             ],
         }
 
