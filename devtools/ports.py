@@ -39,6 +39,7 @@ from devtools.series import (
     lint_patch,
     make_worktree,
     patched_tree,
+    placeless_diffs,
     read_series,
     write_generated,
 )
@@ -233,13 +234,6 @@ def _check_start(layout: Layout, start: Layout) -> None:
         )
 
 
-def _diff_body(text: str) -> str:
-    """A patch's changes without what moves when only line numbers do."""
-    body = text[text.find("\ndiff --git ") :]
-    body = re.sub(r"^index [0-9a-f]+\.\.[0-9a-f]+.*\n", "", body, flags=re.M)
-    return re.sub(r"^@@ [^@]* @@.*$", "@@", body, flags=re.M)
-
-
 def export_port(layout: Layout) -> list[Path]:
     """Write the release worktree's patches that differ from the pin's as the
     port (and `ported-from`); drop earlier ports no longer needed."""
@@ -264,7 +258,9 @@ def export_port(layout: Layout) -> list[Path]:
         for made, pin_patch in zip(exported, pin_patches):
             with open(made, newline="") as f:  # keep a CR a file has
                 text = re.sub(r"^Date: .*$", f"Date: {PATCH_DATE}", f.read(), 1, re.M)
-            if _diff_body(text) != _diff_body(pin_patch.read_bytes().decode()):
+            if placeless_diffs(text) != placeless_diffs(
+                pin_patch.read_bytes().decode()
+            ):
                 ported.append((pin_patch, text))
         out = layout.adjustments_dir
         if out.exists():

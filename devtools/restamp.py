@@ -4,10 +4,11 @@ A port records the sha256 of the pin patch it was made from (`ported-from`),
 so rewording a pin patch, renaming it or changing a `Depends:` line leaves
 every port of it stale although no line of code changed. `make
 port-restamp` compares each pin's series with the one committed at a
-revision (default HEAD): a pin patch whose changes (its diffs, byte for
-byte) are those of a committed patch is the same patch, renamed or
-reworded. Each port of it, as committed at that revision, gets the new name
-and header (the pin patch's own where the port's was the pin patch's; a
+revision (default HEAD): a pin patch whose changes are those of a
+committed patch is the same patch, renamed or reworded (its diffs byte for
+byte, but for their `index` lines and hunk positions, which move when an
+earlier patch changes the same file). Each port of it, as committed at
+that revision, gets the new name and header (the pin patch's own where the port's was the pin patch's; a
 port with a message of its own keeps it, its `Depends:` lines renamed, and
 is left stale if the pin patch was reworded beyond that), keeps its diffs,
 and is stamped as made from the new pin patch. A port whose pin patch
@@ -34,6 +35,7 @@ from devtools.series import (
     Layout,
     SeriesError,
     git_env,
+    placeless_diffs,
     read_series,
     series_names,
 )
@@ -48,6 +50,12 @@ def _split(text: bytes) -> tuple[bytes, bytes]:
     if start < 0:
         return text, b""
     return text[: start + 1], text[start + 1 :]
+
+
+def _changes(text: bytes) -> str:
+    """What a patch changes, as its ports depend on it (their own diffs are
+    made against their release's files)."""
+    return placeless_diffs(text.decode("utf-8", "surrogateescape"))
 
 
 def _sha256(text: bytes) -> str:
@@ -123,11 +131,11 @@ def restamp(layout: Layout, rev: str = "HEAD") -> Restamped:
     """Restamp the ports of `layout`'s pin (see the module's text)."""
     old = committed_series(layout, rev)
     new = {p.name: p.read_bytes() for p in read_series(layout.patches_dir)}
-    new_by_changes = {_split(text)[1]: name for name, text in new.items()}
+    new_by_changes = {_changes(text): name for name, text in new.items()}
     renamed_to = {
-        name: new_by_changes[_split(text)[1]]
+        name: new_by_changes[_changes(text)]
         for name, text in old.items()
-        if _split(text)[1] in new_by_changes
+        if _changes(text) in new_by_changes
     }
     rename = _depends_renamer(
         {

@@ -315,6 +315,18 @@ def lint_patch(patch: Path) -> list[str]:
 _TRAILER = re.compile(r"^(Depends|Feature): *(.*?) *$", re.M)
 
 
+def placeless_diffs(text: str) -> str:
+    """A patch file's diffs without what moves when an earlier patch changes
+    the same file although none of this patch's lines changed: its `index`
+    lines and hunk positions. Two patches with the same placeless diffs make
+    the same change (`make port-export`, `make port-restamp` and the release
+    smokes' record compare patches by it)."""
+    start = text.find("\ndiff --git ")
+    body = text[start + 1 :] if start >= 0 else ""
+    body = re.sub(r"^index [0-9a-f]+\.\.[0-9a-f]+.*\n", "", body, flags=re.M)
+    return re.sub(r"^@@ [^@]* @@.*$", "@@", body, flags=re.M)
+
+
 def patch_message(patch: Path) -> str:
     """The commit message of a patch (between the headers and the diffstat)."""
     head = patch.read_text().partition("\ndiff --git ")[0]

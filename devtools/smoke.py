@@ -25,6 +25,7 @@ from devtools.series import (
     SeriesError,
     apply_patches,
     ensure_upstream,
+    placeless_diffs,
     version_key,
     write_generated,
 )
@@ -45,11 +46,13 @@ class Smoke:
 
 def series_digest(layout: Layout) -> str:
     """What a smoke ran: the changes of the release's series (ports
-    included), in order. Not the patches' file names or messages: renaming
-    a patch or rewording its message changes no tree a smoke ran on."""
+    included), in order. Not the patches' file names or messages, nor their
+    `index` lines and hunk positions (`placeless_diffs`): renaming a patch,
+    rewording its message or changing an earlier patch elsewhere in the same
+    file changes no tree a smoke ran on."""
     digest = hashlib.sha256()
     for patch in layout.patches():
-        digest.update(patch_changes(patch.read_text()).encode())
+        digest.update(placeless_diffs(patch.read_text()).encode())
     return digest.hexdigest()[:12]
 
 

@@ -16,6 +16,10 @@ import torch
 import torch.distributed as dist
 
 
+# Set on the engine: its server info must never show it.
+ENGINE_API_KEY = "engine-api-s3cret"
+
+
 def main(model_path: str, port: int) -> None:
     from safetensors.torch import load_file
 
@@ -33,9 +37,12 @@ def main(model_path: str, port: int) -> None:
         max_total_tokens=4096,
         skip_server_warmup=True,
         log_level="error",
+        api_key=ENGINE_API_KEY,
     )
     findings = {}
     try:
+        info = json.dumps(engine.get_server_info(), default=str)
+        findings["server_info_shows_the_key"] = ENGINE_API_KEY in info
         params = {"max_new_tokens": 8, "temperature": 0}
         before = engine.generate("Engine", params)["output_ids"]
         with cf.ThreadPoolExecutor(1) as pool:

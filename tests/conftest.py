@@ -289,6 +289,8 @@ def keyed_server(request, tiny_model):
     env = {
         "SGLANG_ADMIN_API_KEY": KEYED_ENV_ADMIN_KEY,
         "SGLANG_LOG_REQUEST_HEADERS": "authorization,x-rlsync-trace",
+        # /server_info then shows the environment (from 0.5.19): no key in it
+        "SGLANG_EXPOSE_OWN_ENV_VARS": "1",
     }
     server = _start(request, tiny_model, 1, False, keys, env, name="session-keyed")
     request.addfinalizer(server.stop)

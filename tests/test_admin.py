@@ -188,8 +188,11 @@ def test_no_answer_or_log_line_carries_a_key(keyed_server):
 
 # Each way argparse takes a secret flag: in full or as an unambiguous prefix,
 # its value after a space or after `=`, given twice (the first value is not
-# the one parsed); `--ssl-keyfile` is another flag and keeps its value.
+# the one parsed); `--ssl-keyfile` is another flag and keeps its value; a
+# key equal to another argument (`--device cpu`) leaves that argument shown,
+# or hiding it would tell the key.
 SECRET_COMMAND_LINES = [
+    ["--api-key", "cpu"],
     ["--api-key", "s3cret-1", "--admin-api-key=s3cret-2"],
     ["--api", "s3cret-1", "--admin-api=s3cret-2", "--ssl-keyfile-pass", "s3cret-3"],
     ["--api-k=s3cret-1", "--admin-api-key", "s3cret-2", "--ssl-keyfile", "kf.pem"],
@@ -237,10 +240,11 @@ def test_launch_command_shows_no_secret_however_the_flag_is_spelled(tiny_model):
     commands = json.loads(done.stdout.splitlines()[-1])
     if commands is None:
         pytest.skip("this release records no launch_command")
-    for argv, command in zip(SECRET_COMMAND_LINES, commands):
+    assert commands[0].endswith(" --device cpu --api-key <redacted>"), commands[0]
+    for argv, command in zip(SECRET_COMMAND_LINES[1:], commands[1:]):
         assert "s3cret" not in command, (argv, command)
         assert command.count("<redacted>") == sum("s3cret" in a for a in argv)
-    assert "--ssl-keyfile kf.pem" in commands[2]
+    assert "--ssl-keyfile kf.pem" in commands[3]
 
 
 @pytest.mark.needs("admin_api_key_env")

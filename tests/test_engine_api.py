@@ -35,6 +35,7 @@ def test_engine_prepare_complete_abort(tiny_model):
     lines = [l for l in proc.stdout.splitlines() if l.startswith("FINDINGS ")]
     assert lines, f"rc={proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     findings = json.loads(lines[-1].removeprefix("FINDINGS "))
+    assert findings["server_info_shows_the_key"] is False
     assert findings["init"] is True
     assert findings["prepare"] == "ready"
     ok, received, expected = findings["complete"]

@@ -355,6 +355,39 @@ def test_a_pin_patch_renamed_or_reworded_reaches_its_ports_by_restamp(tmp_path):
     assert restamp.restamp(pin).written == []  # done once is done
 
 
+def test_a_pin_patch_whose_index_lines_and_hunks_moved_keeps_its_ports(tmp_path):
+    """An earlier patch that changes the same file moves a later patch's
+    `index` lines and hunk positions although none of its lines changed:
+    restamp carries its ports (made against their release's own files),
+    diffs kept; a changed line still leaves them stale (test above)."""
+    release, pin, folder = committed_pins_of_most_ported_release(tmp_path)
+    port = sorted(folder.glob("*.patch"))[0]
+    kept = port.read_text()
+    moved = pin.patches_dir / port.name
+    text = re.sub(
+        r"^index [0-9a-f]+\.\.([0-9a-f]+)",
+        lambda m: f"index {'0' * 40}..{m.group(1)}",
+        moved.read_text(),
+        flags=re.M,
+    )
+    text = re.sub(
+        r"^@@ -(\d+)(,\d+)? \+(\d+)",
+        lambda m: f"@@ -{int(m.group(1)) + 3}{m.group(2) or ''} +{int(m.group(3)) + 3}",
+        text,
+        flags=re.M,
+    )
+    assert text != moved.read_text()
+    moved.write_text(text)
+    assert ports.check_ports(pin) != []
+
+    done = restamp.restamp(pin)
+
+    assert done.left_stale == [] and ports.check_ports(pin) == []
+    assert port.read_text() == kept.replace(
+        series.patch_message(port), series.patch_message(moved)
+    )
+
+
 def rename_pin_patches(pin: series.Layout, renames: dict[str, str]) -> None:
     """Rename pin patches at once (stems): files, series, `Depends:` lines."""
     texts = {p.name: p.read_text() for p in pin.patches_dir.glob("*.patch")}

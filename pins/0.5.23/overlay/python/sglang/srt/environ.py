@@ -358,7 +358,7 @@ class Envs:
     SGLANG_LOG_SCHEDULER_STATUS_INTERVAL = EnvFloat(60.0)
 
     # Auth: the admin key, when --admin-api-key is not given
-    SGLANG_ADMIN_API_KEY = EnvStr(None)
+    SGLANG_ADMIN_API_KEY = EnvStr(None, secret=True)
     # Read by JIT kernel headers (sgl_kernel/logging.h): DEBUG | INFO | WARNING | ERROR.
     SGLANG_JIT_LOG_LEVEL = EnvStr("WARNING")
     SGLANG_ENABLE_RANK_CONSENSUS_CHECKER = EnvBool(False)

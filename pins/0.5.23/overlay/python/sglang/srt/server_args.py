@@ -721,20 +721,18 @@ def prepare_server_args(argv: list[str]) -> ServerArgs:
     from sglang.srt.sampling.watermarking.core import redact_watermark_command_line
 
     server_args._launch_command = redact_watermark_command_line(
-        _redact_secret_flags(argv, parser, raw_args), raw_args.watermark_config
+        _redact_secret_flags(argv, parser), raw_args.watermark_config
     )
     return server_args
 
 
-def _redact_secret_flags(
-    argv: list[str], parser: argparse.ArgumentParser, args: argparse.Namespace
-) -> list[str]:
-    """The command line with the value of every secret replaced: after a
-    secret flag however argparse matched it (`--api X` is `--api-key X`: an
-    unambiguous prefix is accepted), and wherever a parsed secret appears."""
+def _redact_secret_flags(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """The command line with the value of every secret flag replaced, however
+    argparse matched the flag (`--api X` is `--api-key X`: an unambiguous
+    prefix is accepted). Matched by flag, never by value: hiding another
+    argument that equals a secret would tell which one it equals."""
     dest_of = {option: a.dest for a in parser._actions for option in a.option_strings}
     secret_dests = set(SECRET_SERVER_ARGS)
-    values = {getattr(args, name, None) for name in SECRET_SERVER_ARGS} - {None, ""}
 
     def names_secret(option: str) -> bool:
         if option in dest_of:
@@ -747,10 +745,10 @@ def _redact_secret_flags(
     out: list[str] = []
     secret_next = False
     for argument in argv:
-        name, sep, value = argument.partition("=")
-        if secret_next or argument in values:
+        name, sep, _ = argument.partition("=")
+        if secret_next:
             out.append(REDACTED)
-        elif sep and (names_secret(name) or value in values):
+        elif sep and names_secret(name):
             out.append(f"{name}={REDACTED}")
         else:
             out.append(argument)

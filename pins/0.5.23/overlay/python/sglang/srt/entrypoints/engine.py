@@ -309,7 +309,10 @@ class Engine(EngineScoreMixin, EngineBase):
                 "_launch_command",
                 "Engine("
                 + ", ".join(
-                    f"{k}={v!r}" for k, v in redact_watermark_secrets(kwargs).items()
+                    f"{k}={v!r}"
+                    for k, v in redact_server_args(
+                        redact_watermark_secrets(kwargs)
+                    ).items()
                 )
                 + ")",
             )
