@@ -178,6 +178,22 @@ def server_env(stub_dir: Path, ranks: int, pristine: bool = False) -> dict[str, 
     return env
 
 
+def run_server_python(
+    code: str, *args: str, timeout: float = 300.0
+) -> subprocess.CompletedProcess:
+    """`python -c code args...` with the SGLang and environment a server of
+    this run gets (e.g. to parse a command line as `sglang serve` does,
+    without starting one)."""
+    env = server_env(build_stub_libcuda(), ranks=1)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
 @dataclass
 class Server:
     """A running SGLang server in its own process group."""

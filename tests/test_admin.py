@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,8 +21,9 @@ from conftest import (
     active_pin,
 )
 
+from harness import cpu_sglang
 from harness.cpu_sglang import free_port
-from rlsync import client
+from rlsync import client, doctor
 from rlsync.sender import Engine, SyncError, WeightSender
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,22 +218,8 @@ print(json.dumps([prepare_server_args(base + a).launch_command for a in json.loa
 def test_launch_command_shows_no_secret_however_the_flag_is_spelled(tiny_model):
     """Parsed as `sglang serve` parses them (in a child process: parsing
     configures logging), on the series a server of this run starts."""
-    tree = os.environ.get("RLSYNC_SGLANG_TREE")
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
-    if tree:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _LAUNCH_COMMANDS,
-            json.dumps(SECRET_COMMAND_LINES),
-            str(tiny_model),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    done = cpu_sglang.run_server_python(
+        _LAUNCH_COMMANDS, json.dumps(SECRET_COMMAND_LINES), str(tiny_model)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     commands = json.loads(done.stdout.splitlines()[-1])
@@ -269,6 +254,21 @@ def test_rlsync_info_on_the_patched_server(server_tp1):
     assert client.require_features(server_tp1.url, ["two_phase_weight_update"]) == info
     with pytest.raises(client.EngineError, match="without time_travel; upgrade"):
         client.require_features(server_tp1.url, ["time_travel"])
+
+
+def test_the_server_reports_its_torch_behind_the_key_and_doctor_shows_it(
+    server_tp1, capsys
+):
+    """Versions are for a trainer that may drive the server (`/server_info`),
+    not for any caller (the open `/rlsync_info`)."""
+    import torch
+
+    assert "torch_version" not in client.rlsync_info(server_tp1.url)
+    block = client.server_info(server_tp1.url)["rlsync"]
+    assert block["torch_version"] == torch.__version__
+    assert block["cuda_version"] == torch.version.cuda
+    assert doctor.doctor([server_tp1.url], backend="gloo") == 0
+    assert f"  torch {torch.__version__}; NCCL " in capsys.readouterr().out
 
 
 @pytest.mark.release_independent

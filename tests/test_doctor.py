@@ -26,30 +26,25 @@ def engine_answers(
     **reported: Any,
 ) -> Answers:
     """What a patched 0.5.10 server answers (`features=None`: an unpatched
-    one); `reported` goes into /rlsync_info as a later series might."""
-    answers: Answers = {
-        ("GET", "/server_info"): (
-            200,
-            {
-                "tp_size": 1,
-                "dp_size": 1,
-                "version": "0.5.10",
-                "admin_api_key": admin_api_key,
-                "api_key": api_key,
-            },
-        )
+    one); `reported` (torch, CUDA, NCCL versions) goes where the series puts
+    them: /server_info's "rlsync" block, not the open /rlsync_info."""
+    server_info: dict[str, Any] = {
+        "tp_size": 1,
+        "dp_size": 1,
+        "version": "0.5.10",
+        "admin_api_key": admin_api_key,
+        "api_key": api_key,
     }
+    answers: Answers = {("GET", "/server_info"): (200, server_info)}
     if features is not None:
-        answers[("GET", "/rlsync_info")] = (
-            200,
-            {
-                "series": 7,
-                "version": "0.5.10+rlsync.7",
-                "pin": {"name": "sglang", "version": "0.5.10"},
-                "features": features,
-                **reported,
-            },
-        )
+        info = {
+            "series": 7,
+            "version": "0.5.10+rlsync.7",
+            "pin": {"name": "sglang", "version": "0.5.10"},
+            "features": features,
+        }
+        answers[("GET", "/rlsync_info")] = (200, info)
+        server_info["rlsync"] = {**info, **reported}
     return answers
 
 

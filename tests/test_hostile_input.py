@@ -291,6 +291,74 @@ def test_keys_with_several_tokenizer_workers_refuse_to_start(tiny_model, tmp_pat
         assert ADMIN not in str(err.value)
 
 
+@pytest.mark.needs("admin_api_key_env")
+def test_a_key_from_a_config_file_without_a_value_refuses_to_start(
+    tiny_model, tmp_path
+):
+    """`admin-api-key:` with nothing after it (a template whose variable was
+    unset) made the admin key the string "None"."""
+    config = tmp_path / "keys.yaml"
+    config.write_text("admin-api-key:\n")
+    try:
+        server = cpu_sglang.launch(
+            tiny_model,
+            tmp_path / "config.log",
+            extra_args=["--config", str(config)],
+            ready_timeout=120,
+        )
+    except RuntimeError as err:
+        assert "Config option 'admin-api-key' has no value" in str(err)
+    else:
+        server.stop()
+        pytest.fail("started with the admin key of a config line without a value")
+
+
+_PARSE_EACH = """
+import json, os, sys
+from sglang.srt.server_args import prepare_server_args
+base = ["--model-path", sys.argv[2], "--device", "cpu"]
+answers = []
+for argv, env in json.loads(sys.argv[1]):
+    os.environ.pop("SGLANG_ADMIN_API_KEY", None)
+    os.environ.update(env)
+    try:
+        args = prepare_server_args(base + argv)
+        answers.append(["started", args.api_key == "k", args.admin_api_key == "k"])
+    except Exception as e:
+        answers.append(["refused", str(e)])
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.needs("admin_api_key_env")
+def test_a_key_that_would_be_empty_or_never_read_refuses_to_start(tiny_model, tmp_path):
+    """Each was a server with no key at all (every route open), or with a
+    config file whose keys were never applied. Parsed as `sglang serve`
+    parses a command line (in a child process: parsing configures logging);
+    the test above starts a real one."""
+    config = tmp_path / "keys.yaml"
+    config.write_text("api-key: k\nadmin-api-key: k\n")
+    cases = {
+        "--api-key is empty": (["--api-key", ""], {}),
+        "--admin-api-key is empty": (["--admin-api-key=  "], {}),
+        "SGLANG_ADMIN_API_KEY is empty": ([], {"SGLANG_ADMIN_API_KEY": ""}),
+        f"The config file '{config}' was not read": ([f"--config={config}"], {}),
+        f"The config file '{config}' was not read: ": (["--conf", str(config)], {}),
+    }
+    controls = [
+        (["--config", str(config)], {"SGLANG_ADMIN_API_KEY": ""}),  # flag wins
+        (["--api-key", "k"], {"SGLANG_ADMIN_API_KEY": "k"}),
+    ]
+    done = cpu_sglang.run_server_python(
+        _PARSE_EACH, json.dumps([*cases.values(), *controls]), str(tiny_model)
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = json.loads(done.stdout.splitlines()[-1])
+    for cause, answer in zip(cases, answers):
+        assert answer[0] == "refused" and cause in answer[1], (cause, answer)
+    assert answers[len(cases) :] == [["started", True, True], ["started", True, True]]
+
+
 def test_an_oversized_weight_update_body_is_413_before_it_is_parsed(keyed):
     """A million names (about 60 MB) is refused by its size, not after
     seconds of parsing on the event loop that serves generation too."""

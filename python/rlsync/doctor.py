@@ -2,7 +2,8 @@
 run, and whether they can update weights together.
 
 The trainer's side is this process's torch (its CUDA and NCCL); each
-engine's is what it reports in `/rlsync_info` and `/server_info`. Per engine
+engine's is what it reports in `/rlsync_info` and `/server_info` (its
+torch, CUDA and NCCL: in the latter's "rlsync" block). Per engine
 three checks: the two-phase update (what `WeightSender.connect()` requires),
 NCCL (the same major version on both sides; gloo has no such constraint)
 and the keys (what the engine expects against what was given). A check that
@@ -53,10 +54,13 @@ class EngineSide:
         )
 
     def reported(self, key: str) -> Any:
-        """`key` of /rlsync_info, else of /server_info; None where neither
-        has it (no series reports torch or NCCL versions yet)."""
-        for info in (self.rlsync_info, self.server_info):
-            if info and info.get(key) is not None:
+        """`key` of /rlsync_info, else of /server_info's "rlsync" block (where
+        series 7 on report the engine's torch, CUDA and NCCL: it needs the
+        API key, the open route leaves them out); None where neither has
+        it."""
+        rlsync_block = (self.server_info or {}).get("rlsync")
+        for info in (self.rlsync_info, rlsync_block):
+            if isinstance(info, dict) and info.get(key) is not None:
                 return info[key]
         return None
 

@@ -24,13 +24,17 @@ def redact_server_args(args: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+def redacted_value_repr(name: str, value: Any) -> str:
+    """repr() of the server argument `name`, or REDACTED for a secret that is
+    set."""
+    return REDACTED if name in SECRET_SERVER_ARGS and value else repr(value)
+
+
 def redacted_repr(obj: Any) -> str:
     """The dataclass repr of server arguments, secrets replaced."""
-    parts = []
-    for f in dataclasses.fields(obj):
-        if not f.repr:
-            continue
-        value = getattr(obj, f.name)
-        shown = REDACTED if f.name in SECRET_SERVER_ARGS and value else repr(value)
-        parts.append(f"{f.name}={shown}")
+    parts = [
+        f"{f.name}={redacted_value_repr(f.name, getattr(obj, f.name))}"
+        for f in dataclasses.fields(obj)
+        if f.repr
+    ]
     return f"{type(obj).__name__}({', '.join(parts)})"

@@ -759,8 +759,11 @@ class ServerArgs:
         self._maybe_download_model_for_runai()
 
         # The admin key may come from the environment, off the command line.
+        _refuse_blank_key(self.api_key, "--api-key")
+        _refuse_blank_key(self.admin_api_key, "--admin-api-key")
         if self.admin_api_key is None:
-            self.admin_api_key = envs.SGLANG_ADMIN_API_KEY.get() or None
+            self.admin_api_key = envs.SGLANG_ADMIN_API_KEY.get()
+            _refuse_blank_key(self.admin_api_key, "SGLANG_ADMIN_API_KEY")
 
         # Normalize load balancing defaults early (before dummy-model short-circuit).
         self._handle_load_balance_method()
@@ -6589,7 +6592,23 @@ def prepare_server_args(argv: List[str]) -> ServerArgs:
         argv = config_merger.merge_config_with_args(argv)
 
     raw_args = parser.parse_args(argv)
+    if raw_args.config is not None:
+        # Only `--config FILE` is merged above; `--config=FILE` or an
+        # abbreviation parses but was never read, its keys never applied.
+        raise ValueError(
+            f"The config file {raw_args.config!r} was not read: give it as "
+            "`--config FILE`."
+        )
     return ServerArgs.from_cli_args(raw_args)
+
+
+def _refuse_blank_key(key: Optional[str], source: str) -> None:
+    # A blank key is an unset variable in a launch script, not a choice: it
+    # was taken as no key at all, and every route answered without one.
+    if key is not None and not key.strip():
+        raise ValueError(
+            f"{source} is empty: give the key, or leave it out to run without one."
+        )
 
 
 ZMQ_TCP_PORT_DELTA = 233

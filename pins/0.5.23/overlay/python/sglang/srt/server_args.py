@@ -63,7 +63,11 @@ from sglang.srt.utils.network import (
     get_free_port_below_ephemeral,
     wait_port_available,
 )
-from sglang.srt.utils.redaction import REDACTED, SECRET_SERVER_ARGS
+from sglang.srt.utils.redaction import (
+    REDACTED,
+    SECRET_SERVER_ARGS,
+    redacted_value_repr,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -309,11 +313,7 @@ class ServerArgs:
         hidden = {"watermark_key", "watermark_key_b", "watermark_config"}
         # Logged at start-up and on updates: never print a key.
         values = ", ".join(
-            (
-                f"{field.name}={REDACTED}"
-                if field.name in SECRET_SERVER_ARGS and getattr(self, field.name)
-                else f"{field.name}={getattr(self, field.name)!r}"
-            )
+            f"{field.name}={redacted_value_repr(field.name, getattr(self, field.name))}"
             for field in record_fields(type(self))
             if field.name not in hidden
         )
@@ -700,6 +700,13 @@ def prepare_server_args(argv: list[str]) -> ServerArgs:
     )
 
     raw_args = parser.parse_args(argv)
+    if raw_args.config is not None:
+        # Only `--config FILE` is merged above; `--config=FILE` or an
+        # abbreviation parses but was never read, its keys never applied.
+        raise ValueError(
+            f"The config file {raw_args.config!r} was not read: give it as "
+            "`--config FILE`."
+        )
     raw_args._radix_eviction_policy_explicitly_set = (
         radix_eviction_policy_explicitly_set
     )

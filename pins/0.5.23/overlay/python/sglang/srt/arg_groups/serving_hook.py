@@ -8,7 +8,7 @@ import logging
 import os
 import random
 import socket
-from typing import Any
+from typing import Any, Optional
 
 from sglang.srt.arg_groups.overrides import (
     declare_resolution,
@@ -122,10 +122,13 @@ def handle_ssl_validation(server_args: Any):
 
 def handle_api_keys(server_args: Any):
     cfg = resolving_view(server_args)
+    _refuse_blank_key(cfg.api_key, "--api-key")
+    _refuse_blank_key(cfg.admin_api_key, "--admin-api-key")
     admin_api_key = cfg.admin_api_key
     if admin_api_key is None:
         # The admin key may come from the environment, off the command line.
-        admin_api_key = envs.SGLANG_ADMIN_API_KEY.get() or None
+        admin_api_key = envs.SGLANG_ADMIN_API_KEY.get()
+        _refuse_blank_key(admin_api_key, "SGLANG_ADMIN_API_KEY")
         if admin_api_key is not None:
             declare_resolution(
                 server_args, "_handle_api_keys", admin_api_key=admin_api_key
@@ -137,6 +140,15 @@ def handle_api_keys(server_args: Any):
             "--tokenizer-worker-num > 1 cannot enforce --api-key or "
             "--admin-api-key (or SGLANG_ADMIN_API_KEY): its workers have no "
             "key check. Run one tokenizer worker to use keys."
+        )
+
+
+def _refuse_blank_key(key: Optional[str], source: str) -> None:
+    # A blank key is an unset variable in a launch script, not a choice: it
+    # was taken as no key at all, and every route answered without one.
+    if key is not None and not key.strip():
+        raise ValueError(
+            f"{source} is empty: give the key, or leave it out to run without one."
         )
 
 

@@ -928,7 +928,7 @@ async def server_info():
 @app.get("/rlsync_info")
 async def get_rlsync_info():
     """The rlsync weight-sync series in this build: version, pin, features."""
-    return rlsync_info()
+    return rlsync_info(with_runtime=False)
 
 
 # example usage:
