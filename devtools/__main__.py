@@ -23,6 +23,7 @@ from devtools import (
     releases,
     restamp,
     rewrites,
+    seams,
     series,
     smoke,
     wheel,
@@ -135,6 +136,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         series.ensure_upstream(layout)
         problems = series.check(layout)
         problems += rewrites.check_rewrites(layout)
+        problems += seams.check_series(layout)
         if mapped:
             problems += ports.check_ports(layout)
         for problem in problems:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import patch_names, pr_files, rewrites, series
+from devtools import patch_names, pr_files, releases, rewrites, seams, series
 from devtools.pin import Pin, PinError, read_pin, unpack_archive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -703,3 +703,71 @@ def test_pull_request_files_must_be_a_patch_s_unit_tests_or_docs(tmp_path):
         )
         == []
     )
+
+
+def test_a_mixin_reading_undeclared_upstream_state_fails_check(scratch):
+    """The mixins read upstream's private state only through a hook."""
+    patch = scratch.patches_dir / "release-independent-two-phase.patch"
+    text = patch.read_text()
+    hook_call = "+            self._record_weight_version(result.weight_version)\n"
+    assert text.count(hook_call) == 1
+    patch.write_text(
+        text.replace(
+            hook_call,
+            "+            self._update_weight_version_if_provided(result.weight_version)\n",
+        )
+    )
+    proc = run_check(scratch)
+    assert proc.returncode == 1
+    assert (
+        "reads self._update_weight_version_if_provided, which neither "
+        "TokenizerTwoPhaseUpdateHooksProtocol nor TokenizerMembers declares"
+    ) in proc.stderr
+
+
+def test_hooks_lacking_a_declared_method_or_a_private_member_are_named(
+    scratch, tmp_path
+):
+    seams.seam_files_of(scratch, tmp_path)
+    assert seams.check_tree(tmp_path, "here") == []
+    hooks = tmp_path / seams.Side("scheduler").hooks_file
+    hooks.write_text(hooks.read_text().replace("def _staged_models(", "def _models("))
+    protocols = tmp_path / seams.PROTOCOLS
+    protocols.write_text(
+        protocols.read_text().replace("    tp_worker: Any\n", "    _tp_worker: Any\n")
+    )
+    problems = seams.check_tree(tmp_path, "here")
+    assert (
+        "here: python/sglang/srt/managers/scheduler_two_phase_update_hooks.py: "
+        "SchedulerTwoPhaseUpdateHooks lacks _staged_models, which "
+        "SchedulerTwoPhaseUpdateHooksProtocol declares"
+    ) in problems
+    assert any("SchedulerMembers._tp_worker is private" in p for p in problems)
+    assert any("reads self.tp_worker, which neither" in p for p in problems)
+
+
+def test_a_shared_module_reading_another_object_s_private_state_is_named(scratch):
+    module = scratch.common_dir / "python/sglang/srt/weight_sync/digest.py"
+    module.write_text(
+        module.read_text() + "\n\ndef peek(server):\n    return server._state\n"
+    )
+    problems = seams.check_shared_modules(scratch)
+    assert len(problems) == 1 and "digest.py" in problems[0]
+    assert "reads another object's private _state" in problems[0]
+
+
+def test_the_seam_is_checked_on_every_release_a_pin_serves(monkeypatch):
+    """Each release's hooks are built from its own ports."""
+    checked = []
+
+    def check_tree(tree: Path, label: str) -> list[str]:
+        hooks = (tree / seams.Side("tokenizer").hooks_file).read_text()
+        checked.append((label, "def _record_weight_version(" in hooks))
+        return []
+
+    monkeypatch.setattr(seams, "check_tree", check_tree)
+    for pin in series.pin_versions(ROOT):
+        checked.clear()
+        assert seams.check_series(series.Layout(ROOT, pin)) == []
+        served = [pin, *releases.adjusted(ROOT, pin)]
+        assert checked == [(label, True) for label in served]

@@ -148,7 +148,7 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             if holds_requests_back:
                 await self.model_update_lock.release_writer()
         if result.applied and result.weight_version is not None:
-            self._update_weight_version_if_provided(result.weight_version)
+            self._record_weight_version(result.weight_version)
             result.message += f" Weight version updated to {result.weight_version}."
         return result
 

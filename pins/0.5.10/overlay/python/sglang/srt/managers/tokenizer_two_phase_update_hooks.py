@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 
 class TokenizerTwoPhaseUpdateHooks:
+    def _record_weight_version(self: TokenizerManager, version: str) -> None:
+        self._update_weight_version_if_provided(version)
+
     def init_two_phase_update_communicators(
         self: TokenizerManager, server_args: ServerArgs
     ):

@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 
 class TokenizerTwoPhaseUpdateHooks:
+    def _record_weight_version(self: TokenizerManager, version: str) -> None:
+        self._update_weight_version_if_provided(version)
+
     def _two_phase_unsupported(self: TokenizerManager) -> Optional[str]:
         """Why this server cannot take a two-phase update, or None."""
         if get_parallel().attn_dp_size > 1:
