@@ -9,6 +9,7 @@ from sglang.srt.utils.redaction import (
     SECRET_SERVER_ARGS,
     redact_server_args,
     redacted_repr,
+    redacted_value_repr,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -44,6 +45,11 @@ class TestRedaction(CustomTestCase):
         self.assertNotIn("pw", text)
         self.assertIn("model_path='model'", text)
         self.assertIn("admin_api_key=None", text)
+
+    def test_a_value_repr_hides_only_a_secret_that_is_set(self):
+        self.assertEqual(redacted_value_repr("api_key", "k1"), REDACTED)
+        self.assertEqual(redacted_value_repr("api_key", None), "None")
+        self.assertEqual(redacted_value_repr("model_path", "m"), "'m'")
 
 
 if __name__ == "__main__":
