@@ -307,7 +307,7 @@ def test_a_key_from_a_config_file_without_a_value_refuses_to_start(
             ready_timeout=120,
         )
     except RuntimeError as err:
-        assert "Config option 'admin-api-key' has no value" in str(err)
+        assert "Config option 'admin-api-key' is a secret" in str(err)
     else:
         server.stop()
         pytest.fail("started with the admin key of a config line without a value")
@@ -323,7 +323,9 @@ for argv, env in json.loads(sys.argv[1]):
     os.environ.update(env)
     try:
         args = prepare_server_args(base + argv)
-        answers.append(["started", args.api_key == "k", args.admin_api_key == "k"])
+        getattr(args, "resolve_once", lambda: None)()  # where resolution is lazy
+        got = args.resolved_dict() if hasattr(args, "resolved_dict") else vars(args)
+        answers.append(["started", got["api_key"] == "k", got["admin_api_key"] == "k"])
     except Exception as e:
         answers.append(["refused", str(e)])
 print(json.dumps(answers))
@@ -337,25 +339,48 @@ def test_a_key_that_would_be_empty_or_never_read_refuses_to_start(tiny_model, tm
     parses a command line (in a child process: parsing configures logging);
     the test above starts a real one."""
     config = tmp_path / "keys.yaml"
-    config.write_text("api-key: k\nadmin-api-key: k\n")
-    cases = {
-        "--api-key is empty": (["--api-key", ""], {}),
-        "--admin-api-key is empty": (["--admin-api-key=  "], {}),
-        "SGLANG_ADMIN_API_KEY is empty": ([], {"SGLANG_ADMIN_API_KEY": ""}),
-        f"The config file '{config}' was not read": ([f"--config={config}"], {}),
-        f"The config file '{config}' was not read: ": (["--conf", str(config)], {}),
+    config.write_text('api-key: "k"\nadmin-api-key: "k"\n')
+    yaml_keys = {
+        "null_list": "admin-api-key: [~]",  # was the key "None"
+        "empty_list": "admin-api-key: []",  # was no key at all
+        "hex": "admin-api-key: 0x1F",  # was the key "31"
+        "bool": "admin-api: no",  # was the key "false"
     }
+    for name, line in yaml_keys.items():
+        (tmp_path / f"{name}.yaml").write_text(line + "\n")
+    blank = "is blank or None (an unset variable?)"
+    secret = "' is a secret: give it as a non-empty quoted string"
+    not_read = f"The config file '{config}' was not read: give it as"
+    cases = [
+        (f"--api-key {blank}", ["--api-key", ""], {}),
+        (f"--admin-api-key {blank}", ["--admin-api-key=  "], {}),
+        (f"--api-key {blank}", ["--api-key", "\u200b"], {}),
+        (f"SGLANG_ADMIN_API_KEY {blank}", [], {"SGLANG_ADMIN_API_KEY": ""}),
+        (f"SGLANG_ADMIN_API_KEY {blank}", [], {"SGLANG_ADMIN_API_KEY": "None"}),
+        (not_read, [f"--config={config}"], {}),
+        (not_read, ["--conf", str(config)], {}),
+        *(
+            (
+                f"Config option '{line.split(':')[0]}{secret}",
+                ["--config", str(tmp_path / f"{name}.yaml")],
+                {},
+            )
+            for name, line in yaml_keys.items()
+        ),
+    ]
     controls = [
         (["--config", str(config)], {"SGLANG_ADMIN_API_KEY": ""}),  # flag wins
         (["--api-key", "k"], {"SGLANG_ADMIN_API_KEY": "k"}),
     ]
     done = cpu_sglang.run_server_python(
-        _PARSE_EACH, json.dumps([*cases.values(), *controls]), str(tiny_model)
+        _PARSE_EACH,
+        json.dumps([*((argv, env) for _, argv, env in cases), *controls]),
+        str(tiny_model),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     answers = json.loads(done.stdout.splitlines()[-1])
-    for cause, answer in zip(cases, answers):
-        assert answer[0] == "refused" and cause in answer[1], (cause, answer)
+    for (cause, argv, _), answer in zip(cases, answers):
+        assert answer[0] == "refused" and cause in answer[1], (argv, answer)
     assert answers[len(cases) :] == [["started", True, True], ["started", True, True]]
 
 

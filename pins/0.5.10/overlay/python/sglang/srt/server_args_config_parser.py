@@ -10,6 +10,8 @@ from typing import Any, Dict, List
 
 import yaml
 
+from sglang.srt.utils.redaction import SECRET_SERVER_ARGS
+
 logger = logging.getLogger(__name__)
 
 
@@ -147,6 +149,15 @@ class ConfigArgumentMerger:
                 action = self.unsupported_actions[key_norm]
                 msg = f"Unsupported config option '{key_norm}' with action '{action.__class__.__name__}'"
                 raise ValueError(msg)
+            if any(s.startswith(key_norm) for s in SECRET_SERVER_ARGS) and not (
+                isinstance(value, str) and value.strip()
+            ):
+                # A key is the string it reads: YAML makes 0x1F an int and
+                # `no` a bool, [~] the key "None" and [] no key at all.
+                raise ValueError(
+                    f"Config option '{key}' is a secret: give it as a non-empty "
+                    "quoted string."
+                )
             if isinstance(value, bool):
                 self._add_boolean_arg(args, key, value)
             elif isinstance(value, list):

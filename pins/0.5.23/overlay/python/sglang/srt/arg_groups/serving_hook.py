@@ -145,10 +145,17 @@ def handle_api_keys(server_args: Any):
 
 def _refuse_blank_key(key: Optional[str], source: str) -> None:
     # A blank key is an unset variable in a launch script, not a choice: it
-    # was taken as no key at all, and every route answered without one.
-    if key is not None and not key.strip():
+    # was taken as no key at all, and every route answered without one. So
+    # is "None", which a launcher writes for a key it does not have.
+    import unicodedata
+
+    if key is None:
+        return
+    visible = "".join(c for c in key if unicodedata.category(c)[0] not in "ZC")
+    if visible.lower() in ("", "none", "null"):
         raise ValueError(
-            f"{source} is empty: give the key, or leave it out to run without one."
+            f"{source} is blank or None (an unset variable?): give the key, or "
+            "leave it out to run without one."
         )
 
 
