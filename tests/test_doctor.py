@@ -205,3 +205,29 @@ def test_doctor_fails_an_admin_key_sent_where_the_engine_takes_its_api_key(
 )
 def test_nccl_version_reads_tuples_codes_and_strings(reported, version):
     assert doctor.nccl_version(reported) == version
+
+
+@pytest.mark.parametrize(
+    "engine_nccl",
+    ["2.²", "9" * 5000, [None], [{}], ["2", "x"], [float("nan")], [1e400], True, []],
+)
+def test_doctor_reads_a_malformed_nccl_version_as_not_reported(
+    gpu_trainer, no_keys_in_environment, capsys, engine_nccl
+):
+    """An engine's answer may hold anything: never a traceback."""
+    with HttpStandIn(engine_answers(nccl_version=engine_nccl)) as stand_in:
+        code, out = run_doctor(capsys, stand_in.url, "--backend", "nccl")
+    assert code == 0, out
+    assert "?     NCCL: the engine does not report its NCCL" in out
+
+
+@pytest.mark.parametrize("features", [[1, 2], 5, None, "two_phase_weight_update"])
+def test_doctor_fails_an_engine_whose_features_are_not_a_list_of_names(
+    cpu_trainer, no_keys_in_environment, capsys, features
+):
+    answers = engine_answers()
+    answers[("GET", "/rlsync_info")][1]["features"] = features
+    with HttpStandIn(answers) as stand_in:
+        code, out = run_doctor(capsys, stand_in.url)
+    assert code == 1, out
+    assert "FAIL  two-phase update: its /rlsync_info lists no features" in out

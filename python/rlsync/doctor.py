@@ -92,16 +92,31 @@ def nccl_version(value: Any) -> Optional[NcclVersion]:
     """(major, minor, patch) from torch's tuple, NCCL's version code (2.9 on:
     major*10000 + minor*100 + patch; before: major*1000 + minor*100 +
     patch) or a "2.27.5" string; None from anything else."""
-    if isinstance(value, (tuple, list)) and value:
-        return tuple(int(v) for v in value)
-    if isinstance(value, int) and value > 0:
+    if isinstance(value, (tuple, list)) and 0 < len(value) <= 4:
+        if all(_small_int(v) for v in value):
+            return tuple(value)
+        return None
+    if _small_int(value) and value > 0:
         if value >= 10000:
             return (value // 10000, value // 100 % 100, value % 100)
         return (value // 1000, value // 100 % 10, value % 100)
-    if isinstance(value, str):
+    if isinstance(value, str) and len(value) <= 32:
         parts = value.split("+")[0].split(".")
-        if parts and all(p.isdigit() for p in parts):
+        if all(p.isascii() and p.isdigit() for p in parts):
             return tuple(int(p) for p in parts)
+    return None
+
+
+def _small_int(value: Any) -> bool:
+    """An int a version is made of (an engine's answer may hold anything)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**9
+
+
+def reported_features(engine: "EngineSide") -> Optional[list[str]]:
+    """The features /rlsync_info lists; None where it lists something else."""
+    features = (engine.rlsync_info or {}).get("features")
+    if isinstance(features, list) and all(isinstance(f, str) for f in features):
+        return features
     return None
 
 
@@ -144,7 +159,11 @@ def two_phase_check(engine: EngineSide) -> Check:
     name = "two-phase update"
     if engine.rlsync_info is None:
         return Check(name, False, str(engine.rlsync_error))
-    features = engine.rlsync_info.get("features", ())
+    features = reported_features(engine)
+    if features is None:
+        return Check(
+            name, False, "its /rlsync_info lists no features as a list of names"
+        )
     missing = [f for f in REQUIRED_FEATURES if f not in features]
     if missing:
         return Check(
@@ -258,8 +277,8 @@ def describe_engine(engine: EngineSide) -> list[str]:
         else "no rlsync series"
     )
     lines = [f"  SGLang {sglang or '?'}; {series}; this rlsync: series {SERIES}"]
-    if info.get("features"):
-        lines.append(f"  features: {', '.join(info['features'])}")
+    if reported_features(engine):
+        lines.append(f"  features: {', '.join(reported_features(engine))}")
     torch_version = engine.reported("torch_version")
     nccl = nccl_version(engine.reported("nccl_version"))
     lines.append(
