@@ -316,9 +316,11 @@ def test_a_key_from_a_config_file_without_a_value_refuses_to_start(
 _PARSE_EACH = """
 import json, os, sys
 from sglang.srt.server_args import prepare_server_args
-base = ["--model-path", sys.argv[2], "--device", "cpu"]
 answers = []
 for argv, env in json.loads(sys.argv[1]):
+    model = "dummy" if "--dummy" in argv else sys.argv[2]
+    base = ["--model-path", model, "--device", "cpu"]
+    argv = [a for a in argv if a != "--dummy"]
     os.environ.pop("SGLANG_ADMIN_API_KEY", None)
     os.environ.update(env)
     try:
@@ -348,7 +350,7 @@ def test_a_key_that_would_be_empty_or_never_read_refuses_to_start(tiny_model, tm
     }
     for name, line in yaml_keys.items():
         (tmp_path / f"{name}.yaml").write_text(line + "\n")
-    blank = "is blank or None (an unset variable?)"
+    blank = "is blank, None or an unexpanded variable"
     secret = "' is a secret: give it as a non-empty quoted string"
     not_read = f"The config file '{config}' was not read: give it as"
     cases = [
@@ -357,6 +359,11 @@ def test_a_key_that_would_be_empty_or_never_read_refuses_to_start(tiny_model, tm
         (f"--api-key {blank}", ["--api-key", "\u200b"], {}),
         (f"SGLANG_ADMIN_API_KEY {blank}", [], {"SGLANG_ADMIN_API_KEY": ""}),
         (f"SGLANG_ADMIN_API_KEY {blank}", [], {"SGLANG_ADMIN_API_KEY": "None"}),
+        (f"SGLANG_ADMIN_API_KEY {blank}", [], {"SGLANG_ADMIN_API_KEY": '""'}),
+        (f"--api-key {blank}", ["--api-key", "$API_KEY"], {}),
+        (f"--admin-api-key {blank}", ["--admin-api-key", "${ADMIN_KEY}"], {}),
+        # The dummy model path skips model checks, never the key checks.
+        (f"--api-key {blank}", ["--dummy", "--api-key", ""], {}),
         (not_read, [f"--config={config}"], {}),
         (not_read, ["--conf", str(config)], {}),
         *(

@@ -6605,16 +6605,21 @@ def prepare_server_args(argv: List[str]) -> ServerArgs:
 def _refuse_blank_key(key: Optional[str], source: str) -> None:
     # A blank key is an unset variable in a launch script, not a choice: it
     # was taken as no key at all, and every route answered without one. So
-    # is "None", which a launcher writes for a key it does not have.
+    # are "None", '""' and "$API_KEY", which launchers write for a key they
+    # do not have: keys anyone could guess.
+    import re
     import unicodedata
 
     if key is None:
         return
     visible = "".join(c for c in key if unicodedata.category(c)[0] not in "ZC")
-    if visible.lower() in ("", "none", "null"):
+    visible = visible.strip("'\"")
+    if visible.lower() in ("", "none", "null", "nil", "~") or re.fullmatch(
+        r"\$\{?\w+\}?", visible
+    ):
         raise ValueError(
-            f"{source} is blank or None (an unset variable?): give the key, or "
-            "leave it out to run without one."
+            f"{source} is blank, None or an unexpanded variable: give the key, "
+            "or leave it out to run without one."
         )
 
 

@@ -103,6 +103,8 @@ def run_resolution_pipeline(server_args: Any) -> None:
 
     run_hook(validate_prefill_cp_platform, server_args)
     run_hook(handle_hardware_runtime_validation, server_args)
+    # Keys are checked for every model path, the dummy one included.
+    run_hook(handle_api_keys, server_args)
     if cfg.model_path.lower() in ["none", "dummy"]:
         from sglang.srt.arg_groups.boundary_reduction import resolve_boundary_reduction
 
@@ -124,7 +126,6 @@ def run_resolution_pipeline(server_args: Any) -> None:
 
     run_hook(handle_multimodal, server_args)
     run_hook(handle_ssl_validation, server_args)
-    run_hook(handle_api_keys, server_args)
     run_hook(handle_asr_validation, server_args)
 
     run_hook(handle_deprecated_args, server_args)
