@@ -64,16 +64,18 @@ def class_members(module: ast.Module, name: str) -> set[str] | None:
     module has no such class."""
     for node in module.body:
         if isinstance(node, ast.ClassDef) and node.name == name:
-            members = set()
-            for item in node.body:
-                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    members.add(item.name)
-                elif isinstance(item, ast.AnnAssign) and isinstance(
-                    item.target, ast.Name
-                ):
-                    members.add(item.target.id)
-            return members
+            return _members(node)
     return None
+
+
+def _members(node: ast.ClassDef) -> set[str]:
+    members = set()
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            members.add(item.name)
+        elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+            members.add(item.target.id)
+    return members
 
 
 def _is_private(name: str) -> bool:
@@ -87,7 +89,7 @@ def self_reads(module: ast.Module) -> dict[str, int]:
     reads: dict[str, int] = {}
     for node in ast.walk(module):
         if isinstance(node, ast.ClassDef):
-            own |= class_members(ast.Module(body=[node], type_ignores=[]), node.name)
+            own |= _members(node)
             own |= {
                 t.id
                 for item in node.body
