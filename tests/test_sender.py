@@ -209,6 +209,55 @@ def test_a_join_that_failed_on_its_own_releases_its_port():
     assert port_refuses(port), "the failed join's store still holds its port"
 
 
+# The engine joins with LATE_LEFT_S of the trainer's LATE_JOIN_S left, then
+# posts its receive later than that (within LATE_JOIN_S).
+LATE_JOIN_S, LATE_LEFT_S, LATE_RECEIVE_S = 12.0, 4.0, 8.0
+
+
+def _late_engine(port: int, group: str, go, result) -> None:
+    """Rank 1: joins once `go` is set, then receives later than the
+    trainer's join had left."""
+    from rlsync.group import join_update_group, leave_update_group
+
+    go.wait(60)
+    pg = join_update_group("127.0.0.1", port, 2, rank=1, group_name=group, timeout=60)
+    time.sleep(LATE_RECEIVE_S)  # the lateness under test
+    received = torch.zeros(4)
+    dist.broadcast(received, src=0, group=pg)
+    result.put(received.tolist())
+    leave_update_group(pg)
+
+
+def test_a_join_whose_engine_came_late_keeps_the_whole_timeout_for_broadcasts():
+    """The trainer's join timeout bounds the join; its group's broadcasts
+    keep all of it. An engine that joins with seconds of the trainer's join
+    left, then receives later than those seconds, gets the bytes (the
+    trainer's broadcast timed out at the seconds left)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    port, group = free_port(), f"late_engine_{free_port()}"
+    go, result = ctx.Event(), ctx.Queue()
+    engine = ctx.Process(target=_late_engine, args=(port, group, go, result))
+    engine.start()
+    try:
+        t0 = time.monotonic()
+        join = GroupJoin("127.0.0.1", port, 2, group_name=group, timeout=LATE_JOIN_S)
+        join.start()
+        time.sleep(max(0.0, t0 + LATE_JOIN_S - LATE_LEFT_S - time.monotonic()))
+        go.set()
+        pg = join.future.result(timeout=60)
+        sent = torch.arange(4, dtype=torch.float32) + 1
+        dist.broadcast(sent, src=0, group=pg)
+        assert result.get(timeout=60) == sent.tolist()
+        dist.destroy_process_group(pg)
+    finally:
+        engine.join(60)
+        if engine.is_alive():
+            engine.kill()
+    assert engine.exitcode == 0
+
+
 # The trainer's side of a refused NCCL group on a host without CUDA: the
 # engine refuses (no GPU), then the process must exit normally.
 NCCL_CHILD = """

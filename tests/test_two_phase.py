@@ -3,6 +3,7 @@ protocol, bad input, faults, serving during the transfer, and no race."""
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import multiprocessing as mp
 import os
@@ -464,6 +465,64 @@ def test_trainer_killed_mid_transfer(server_tp1, model_weights):
         assert ok.success and greedy(url) == before_out
     finally:
         trainer.close()
+
+
+# The trainer joins with LATE_LEFT_S of the init's LATE_INIT_S left, then
+# sends later than that (within LATE_INIT_S).
+LATE_INIT_S, LATE_LEFT_S, LATE_SEND_S = 12.0, 4.0, 8.0
+
+
+@pytest.mark.needs("update_group_on_route")
+def test_a_trainer_that_joined_late_gets_the_groups_whole_timeout(
+    server_tp1, model_weights
+):
+    """The init's timeout bounds the join; the group's collectives keep all of
+    it. A trainer that joins with seconds of the init left, then sends a
+    bucket later than those seconds, is served (its broadcast timed out at
+    the seconds left: with NCCL that takes the scheduler down)."""
+    server, url = server_tp1, server_tp1.url
+    before = greedy(url)
+    port = free_port()
+    group = f"late_collective_{port}"
+    init = cf.ThreadPoolExecutor(1).submit(
+        client.init_weights_update_group,
+        url,
+        master_address="127.0.0.1",
+        master_port=port,
+        rank_offset=1,
+        world_size=2,
+        group_name=group,
+        backend="gloo",
+        timeout=LATE_INIT_S,
+    )
+    server.wait_for_log(f"master_port={port}")  # its init's clock runs
+    time.sleep(LATE_INIT_S - LATE_LEFT_S)  # the lateness under test
+    pg = join_update_group("127.0.0.1", port, 2, group_name=group, timeout=60)
+    try:
+        assert init.result(timeout=60)["success"]
+        new = randomized(model_weights, 11)
+        for weights, delay in ((new, LATE_SEND_S), (model_weights, 0.0)):
+            buckets = plan_buckets(weights, 64 << 10)
+            meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
+            client.prepare_weights_update(
+                url, meta, group_name=group, load_format="flattened_bucket"
+            )
+            time.sleep(delay)  # the engine waits for bucket 0 meanwhile
+            for bucket in buckets:
+                flat = torch.cat(
+                    [t.reshape(-1).view(torch.uint8) for t in bucket.tensors]
+                )
+                dist.broadcast(flat, src=0, group=pg)
+            body = post(url, "/complete_weights_update", {"group_name": group}).json()
+            assert body["success"], body
+            if weights is new:
+                name = "model.layers.0.mlp.down_proj.weight"
+                landed = client.get_weights_by_name(url, name, truncate_size=10**6)
+                assert torch.equal(torch.tensor(landed), dict(new)[name].float())
+        assert greedy(url) == before
+    finally:
+        client.destroy_weights_update_group(url, group_name=group)
+        leave_update_group(pg)
 
 
 def test_abort_while_waiting_for_bytes_that_never_come(server_tp1, model_weights):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -131,6 +132,16 @@ def test_the_whole_init_is_bounded_by_its_timeout():
             )
         waited = time.monotonic() - t0
         assert 1.5 <= waited < 1.5 + 10, waited
+
+
+@pytest.mark.parametrize(
+    "asked,waits", [(40, 40), (0.5, 0.5), (1e300, 7 * 24 * 3600), (1e7, 7 * 24 * 3600)]
+)
+def test_a_groups_collectives_wait_what_was_asked_up_to_a_week(asked, waits):
+    """A finite but huge timeout (1e300) would overflow timedelta, and the
+    backends' clocks beyond it."""
+    assert net.collective_timeout_seconds(asked) == waits
+    timedelta(seconds=net.collective_timeout_seconds(asked))
 
 
 def test_the_trainer_carries_the_servers_module_unchanged():

@@ -27,10 +27,15 @@ from torch.distributed.distributed_c10d import (
     Backend,
     PrefixStore,
     _new_process_group_helper,
+    _set_pg_timeout,
     _world,
 )
 
-from rlsync.update_group_net import UpdateGroupInitError, init_group_on_route
+from rlsync.update_group_net import (
+    UpdateGroupInitError,
+    collective_timeout_seconds,
+    init_group_on_route,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +114,15 @@ def new_update_group(
     group_name: str,
     backend: str,
     timeout: float,
+    init_timeout: Optional[float] = None,
 ) -> dist.ProcessGroup:
-    """The process group over a rendezvous store, named as the engines name it."""
-    td = timedelta(seconds=timeout)
+    """The process group over a rendezvous store, named as the engines name
+    it: created within `init_timeout` (default: `timeout`); afterwards its
+    collectives, and the store (NCCL's lazy communicator setup reads it),
+    wait `timeout` (at most a week), however little of the init was left."""
+    created_within = timedelta(
+        seconds=timeout if init_timeout is None else init_timeout
+    )
     pg, _ = _new_process_group_helper(
         world_size,
         rank,
@@ -119,10 +130,14 @@ def new_update_group(
         Backend(backend),
         PrefixStore(group_name, store),
         group_name=group_name,
-        timeout=td,
+        timeout=created_within,
         **{_OPTIONS_ARG: None},
     )
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    collective = timedelta(seconds=collective_timeout_seconds(timeout))
+    if collective != created_within:
+        store.set_timeout(collective)
+        _set_pg_timeout(collective, pg)
     return pg
 
 
@@ -139,7 +154,8 @@ def join_update_group(
     """Join (as `rank`, the trainer is 0) the group the engines join, bound
     to the interface that routes to the master address unless
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME is set; the whole join within
-    `timeout`, an UpdateGroupInitError naming the addresses otherwise."""
+    `timeout`, an UpdateGroupInitError naming the addresses otherwise. Every
+    collective of the group then waits up to `timeout`."""
     _check_join_args(master_address, master_port, world_size, rank, group_name, backend)
 
     def join(left: Optional[float]) -> dist.ProcessGroup:
@@ -153,7 +169,8 @@ def join_update_group(
             rank,
             group_name=group_name,
             backend=backend,
-            timeout=_left(deadline),
+            timeout=timeout,
+            init_timeout=_left(deadline),
         )
 
     return init_group_on_route(
@@ -283,7 +300,8 @@ class GroupJoin:
             0,
             group_name=self.group_name,
             backend=self.backend,
-            timeout=_left(deadline),
+            timeout=self.timeout,
+            init_timeout=_left(deadline),
         )
         with self._lock:
             if self._cancelled:

@@ -27,6 +27,9 @@ from typing import Callable, Dict, Iterator, Mapping, Optional, TypeVar
 # The variable each backend reads for the interface it binds to.
 IFNAME_VARIABLES = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
 _SIOCGIFADDR = 0x8915
+# The longest a collective of an update group waits: a finite but huge
+# timeout (1e300) overflows the clocks the backends compute deadlines on.
+LONGEST_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
 # os.environ is process-wide: one group init at a time changes it.
 _environ_lock = threading.Lock()
 T = TypeVar("T")
@@ -166,6 +169,12 @@ def rendezvous_advice(
     )
 
 
+def collective_timeout_seconds(timeout: float) -> float:
+    """The timeout of an update group's collectives for the `timeout` asked
+    for: that, up to a week."""
+    return min(timeout, LONGEST_COLLECTIVE_TIMEOUT_S)
+
+
 def init_group_on_route(
     create: Callable[[Optional[float]], T],
     *,
@@ -178,7 +187,9 @@ def init_group_on_route(
     """`create(seconds_left)` makes the group, bound to the route's
     interface; the whole init (waiting for the master, the rendezvous, the
     backend's connect) takes at most `timeout` seconds plus one second, and a
-    failure is an UpdateGroupInitError saying where each side was."""
+    failure is an UpdateGroupInitError saying where each side was.
+    `seconds_left` bounds the group's creation alone: a rank that joined late
+    has little of it left, and its collectives must not wait only that long."""
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         route = route_to(master_address, master_port)

@@ -2147,7 +2147,8 @@ class InitWeightsUpdateGroupReqInput(BaseReq, kw_only=True):
     # The backend
     backend: str = "nccl"
     # Seconds the whole init may take (None, and at most: the operator's
-    # --weight-update-health-deadline)
+    # --weight-update-health-deadline), and every collective of the group
+    # (None: torch's default; at most a week), however late a rank joined
     timeout: Optional[StrictFloat] = None
 
     def __post_init__(self):

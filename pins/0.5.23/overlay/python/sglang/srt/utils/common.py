@@ -2867,11 +2867,17 @@ def init_custom_process_group(
     group_name=None,
     pg_options=None,
     device_id=None,
+    init_timeout=None,
 ):
+    """A process group outside the default one. `timeout` is its collectives'
+    (None: torch's default); `init_timeout`, if given, bounds its creation
+    alone (the rendezvous and the backend's connect), so that a rank that
+    joined late still gets the whole `timeout` for every collective."""
     from torch.distributed.distributed_c10d import (
         Backend,
         PrefixStore,
         _new_process_group_helper,
+        _set_pg_timeout,
         _world,
         default_pg_timeout,
         rendezvous,
@@ -2894,12 +2900,18 @@ def init_custom_process_group(
 
     if timeout is None:
         timeout = default_pg_timeout
+    if init_timeout is None:
+        init_timeout = timeout
 
     # backward compatible API
+    rendezvous_store = None
     if store is None:
-        rendezvous_iterator = rendezvous(init_method, rank, world_size, timeout=timeout)
+        rendezvous_iterator = rendezvous(
+            init_method, rank, world_size, timeout=init_timeout
+        )
         store, rank, world_size = next(rendezvous_iterator)
-        store.set_timeout(timeout)
+        store.set_timeout(init_timeout)
+        rendezvous_store = store
 
         # Use a PrefixStore to avoid accidental overrides of keys used by
         # different systems (e.g. RPC) in case the store is multi-tenant.
@@ -2919,11 +2931,17 @@ def init_custom_process_group(
         store,
         group_name=group_name,
         **{pg_options_param_name: pg_options},
-        timeout=timeout,
+        timeout=init_timeout,
         device_id=device_id,
     )
 
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    if init_timeout != timeout:
+        # Created: its collectives, and NCCL's lazy communicator setup (which
+        # reads the store), wait the group's own timeout.
+        if rendezvous_store is not None:
+            rendezvous_store.set_timeout(timeout)
+        _set_pg_timeout(timeout, pg)
 
     return pg
 

@@ -33,7 +33,10 @@ from sglang.srt.weight_sync.tensor_bucket import (
     FlattenedTensorBucket,
     FlattenedTensorMetadata,
 )
-from sglang.srt.weight_sync.update_group_net import init_group_on_route
+from sglang.srt.weight_sync.update_group_net import (
+    collective_timeout_seconds,
+    init_group_on_route,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.configs.model_config import ModelConfig
@@ -140,8 +143,15 @@ class WeightUpdater:
         )
 
         # The operator's deadline bounds the init: it blocks this scheduler.
+        # The group's collectives keep the timeout asked for, however late
+        # the trainer joined.
         deadline = self.get_model_runner().server_args.weight_update_health_deadline
-        timeout = deadline if timeout is None else min(timeout, deadline)
+        init_timeout = deadline if timeout is None else min(timeout, deadline)
+        collective_timeout = (
+            None
+            if timeout is None
+            else datetime.timedelta(seconds=collective_timeout_seconds(timeout))
+        )
         try:
             na = NetworkAddress(master_address, master_port)
             # Bound to the interface that routes to the master (unless
@@ -153,14 +163,15 @@ class WeightUpdater:
                     world_size=world_size,
                     rank=rank,
                     group_name=group_name,
-                    timeout=(
+                    timeout=collective_timeout,
+                    init_timeout=(
                         None if left is None else datetime.timedelta(seconds=left)
                     ),
                 ),
                 backend=backend,
                 master_address=master_address,
                 master_port=master_port,
-                timeout=timeout,
+                timeout=init_timeout,
                 hosts_rendezvous=rank == 0,
             )
             return True, "Succeeded to initialize custom process group."
