@@ -370,6 +370,18 @@ def served_exactly(url: str, sent: list[tuple[str, torch.Tensor]]) -> bool:
     return torch.equal(torch.tensor(got), dict(sent)[name].float())
 
 
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), 8 * 24 * 3600.0, 1e300])
+def test_a_timeout_not_above_zero_or_over_a_week_is_refused_at_construction(timeout):
+    """It bounds the join and every broadcast: past a week it overflows the
+    backends' clocks (the join failed, blamed on the network)."""
+    with pytest.raises(
+        ValueError, match="timeout must be above 0 s and at most a week"
+    ):
+        WeightSender([Engine("http://127.0.0.1:1", 1)], master_port=1, timeout=timeout)
+    with pytest.raises(ValueError, match="timeout must be above 0 s"):
+        GroupJoin("127.0.0.1", free_port(), 2, timeout=timeout)
+
+
 def test_load_format_is_checked_at_construction():
     with pytest.raises(ValueError, match="load_format"):
         WeightSender([Engine("http://127.0.0.1:1")], master_port=1, load_format="x")

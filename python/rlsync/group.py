@@ -27,11 +27,11 @@ from torch.distributed.distributed_c10d import (
     Backend,
     PrefixStore,
     _new_process_group_helper,
-    _set_pg_timeout,
     _world,
 )
 
 from rlsync.update_group_net import (
+    LONGEST_COLLECTIVE_TIMEOUT_S,
     UpdateGroupInitError,
     collective_timeout_seconds,
     init_group_on_route,
@@ -64,6 +64,16 @@ def nccl_without_gpu(backend: str) -> Optional[str]:
     )
 
 
+def check_group_timeout(timeout: float) -> None:
+    """A group's timeout bounds its join and each of its collectives: above
+    0 s and at most a week (longer overflows the backends' clocks)."""
+    if not 0 < timeout <= LONGEST_COLLECTIVE_TIMEOUT_S:  # NaN fails too
+        raise ValueError(
+            f"timeout must be above 0 s and at most a week "
+            f"({LONGEST_COLLECTIVE_TIMEOUT_S:g} s), got {timeout!r}"
+        )
+
+
 def _check_join_args(
     master_address: str,
     master_port: int,
@@ -71,10 +81,12 @@ def _check_join_args(
     rank: int,
     group_name: str,
     backend: str,
+    timeout: float,
 ) -> None:
     problem = nccl_without_gpu(backend)
     if problem:
         raise ValueError(problem)
+    check_group_timeout(timeout)
     if not master_address:
         raise ValueError("master_address cannot be empty")
     if not (0 < master_port < 65536):
@@ -119,7 +131,8 @@ def new_update_group(
     """The process group over a rendezvous store, named as the engines name
     it: created within `init_timeout` (default: `timeout`); afterwards its
     collectives, and the store (NCCL's lazy communicator setup reads it),
-    wait `timeout` (at most a week), however little of the init was left."""
+    wait `timeout` (from a second up to a week), however little of the init
+    was left; gloo's send and recv keep the creation's."""
     created_within = timedelta(
         seconds=timeout if init_timeout is None else init_timeout
     )
@@ -137,8 +150,19 @@ def new_update_group(
     collective = timedelta(seconds=collective_timeout_seconds(timeout))
     if collective != created_within:
         store.set_timeout(collective)
-        _set_pg_timeout(collective, pg)
+        _set_group_timeout(collective, pg)
     return pg
+
+
+def _set_group_timeout(timeout: timedelta, group: dist.ProcessGroup) -> None:
+    """The default timeout of `group`'s later operations (through torch's
+    public set_timeout where it has one)."""
+    set_timeout = getattr(dist, "set_timeout", None)
+    if set_timeout is None:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        set_timeout = _set_pg_timeout
+    set_timeout(timeout, group)
 
 
 def join_update_group(
@@ -156,7 +180,9 @@ def join_update_group(
     GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME is set; the whole join within
     `timeout`, an UpdateGroupInitError naming the addresses otherwise. Every
     collective of the group then waits up to `timeout`."""
-    _check_join_args(master_address, master_port, world_size, rank, group_name, backend)
+    _check_join_args(
+        master_address, master_port, world_size, rank, group_name, backend, timeout
+    )
 
     def join(left: Optional[float]) -> dist.ProcessGroup:
         deadline = time.monotonic() + (timeout if left is None else left)
@@ -227,7 +253,7 @@ class GroupJoin:
         timeout: float = 300.0,
     ):
         _check_join_args(
-            master_address, master_port, world_size, 0, group_name, backend
+            master_address, master_port, world_size, 0, group_name, backend, timeout
         )
         self.master_address, self.master_port = master_address, master_port
         self.world_size, self.group_name = world_size, group_name

@@ -40,7 +40,12 @@ from rlsync import client
 from rlsync.digest import digest_bytes, digest_tensors
 from rlsync.engine import Engine
 from rlsync.framing import BucketFraming, abort_on_failure
-from rlsync.group import GroupJoin, leave_update_group, nccl_without_gpu
+from rlsync.group import (
+    GroupJoin,
+    check_group_timeout,
+    leave_update_group,
+    nccl_without_gpu,
+)
 from rlsync.planner import Bucket, BucketPlan, SpecLike, TensorSpec, plan_spec_buckets
 from rlsync.protocol import CompleteWeightsUpdateResponse, ProtocolError
 from rlsync.stream import (
@@ -575,6 +580,7 @@ class WeightSender:
             )
         if len({e.url for e in engines}) != len(engines):
             raise ValueError("duplicate engine URL")
+        check_group_timeout(timeout)
         self.engines = engines
         self.master_address, self.master_port = master_address, master_port
         # As torch names it: "NCCL" is NCCL too.

@@ -30,6 +30,9 @@ _SIOCGIFADDR = 0x8915
 # The longest a collective of an update group waits: a finite but huge
 # timeout (1e300) overflows the clocks the backends compute deadlines on.
 LONGEST_COLLECTIVE_TIMEOUT_S = 7 * 24 * 3600.0
+# The shortest: the backends count in milliseconds, and less than one reads
+# as none (every wait fails at once).
+SHORTEST_COLLECTIVE_TIMEOUT_S = 1.0
 # os.environ is process-wide: one group init at a time changes it.
 _environ_lock = threading.Lock()
 T = TypeVar("T")
@@ -171,8 +174,10 @@ def rendezvous_advice(
 
 def collective_timeout_seconds(timeout: float) -> float:
     """The timeout of an update group's collectives for the `timeout` asked
-    for: that, up to a week."""
-    return min(timeout, LONGEST_COLLECTIVE_TIMEOUT_S)
+    for: that, from a second up to a week."""
+    return max(
+        SHORTEST_COLLECTIVE_TIMEOUT_S, min(timeout, LONGEST_COLLECTIVE_TIMEOUT_S)
+    )
 
 
 def init_group_on_route(

@@ -32,6 +32,7 @@ from sglang.srt.function_call.function_call_parser import FunctionCallParser
 from sglang.srt.layers.attention.fla.chunk_delta_h import CHUNK_SIZE as FLA_CHUNK_SIZE
 from sglang.srt.lora.lora_registry import LoRARef
 from sglang.srt.parser.reasoning_parser import ReasoningParser
+from sglang.srt.utils.api_keys import refuse_blank_key
 from sglang.srt.utils.common import (
     LORA_TARGET_ALL_MODULES,
     SUPPORTED_LORA_TARGET_MODULES,
@@ -759,11 +760,11 @@ class ServerArgs:
         self._maybe_download_model_for_runai()
 
         # The admin key may come from the environment, off the command line.
-        _refuse_blank_key(self.api_key, "--api-key")
-        _refuse_blank_key(self.admin_api_key, "--admin-api-key")
+        refuse_blank_key(self.api_key, "--api-key")
+        refuse_blank_key(self.admin_api_key, "--admin-api-key")
         if self.admin_api_key is None:
             self.admin_api_key = envs.SGLANG_ADMIN_API_KEY.get()
-            _refuse_blank_key(self.admin_api_key, "SGLANG_ADMIN_API_KEY")
+            refuse_blank_key(self.admin_api_key, "SGLANG_ADMIN_API_KEY")
 
         # Normalize load balancing defaults early (before dummy-model short-circuit).
         self._handle_load_balance_method()
@@ -6600,27 +6601,6 @@ def prepare_server_args(argv: List[str]) -> ServerArgs:
             "`--config FILE`."
         )
     return ServerArgs.from_cli_args(raw_args)
-
-
-def _refuse_blank_key(key: Optional[str], source: str) -> None:
-    # A blank key is an unset variable in a launch script, not a choice: it
-    # was taken as no key at all, and every route answered without one. So
-    # are "None", '""' and "$API_KEY", which launchers write for a key they
-    # do not have: keys anyone could guess.
-    import re
-    import unicodedata
-
-    if key is None:
-        return
-    visible = "".join(c for c in key if unicodedata.category(c)[0] not in "ZC")
-    visible = visible.strip("'\"")
-    if visible.lower() in ("", "none", "null", "nil", "~") or re.fullmatch(
-        r"\$\{?\w+\}?", visible
-    ):
-        raise ValueError(
-            f"{source} is blank, None or an unexpanded variable: give the key, "
-            "or leave it out to run without one."
-        )
 
 
 ZMQ_TCP_PORT_DELTA = 233

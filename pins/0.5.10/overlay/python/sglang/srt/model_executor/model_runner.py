@@ -1541,15 +1541,13 @@ class ModelRunner(ModelRunnerKVCacheMixin):
             f"rank_offset={rank_offset}, rank={rank}, world_size={world_size}, group_name={group_name}, backend={backend}"
         )
 
-        # The operator's deadline bounds the init: it blocks this scheduler.
-        # The group's collectives keep the timeout asked for, however late
-        # the trainer joined.
+        # The operator's deadline bounds the init and each collective: they
+        # block this scheduler (upstream's update) or hold the group. The
+        # collectives wait all of it, however late the trainer joined.
         deadline = self.server_args.weight_update_health_deadline
         init_timeout = deadline if timeout is None else min(timeout, deadline)
-        collective_timeout = (
-            None
-            if timeout is None
-            else datetime.timedelta(seconds=collective_timeout_seconds(timeout))
+        collective_timeout = datetime.timedelta(
+            seconds=collective_timeout_seconds(init_timeout)
         )
         try:
             na = NetworkAddress(master_address, master_port)

@@ -1708,14 +1708,15 @@ def init_custom_process_group(
     init_timeout=None,
 ):
     """A process group outside the default one. `timeout` is its collectives'
-    (None: torch's default); `init_timeout`, if given, bounds its creation
-    alone (the rendezvous and the backend's connect), so that a rank that
-    joined late still gets the whole `timeout` for every collective."""
+    (None: torch's default_pg_timeout, 30 minutes); `init_timeout`, if given,
+    bounds its creation alone (the rendezvous and the backend's connect), so
+    that a rank that joined late still gets the whole `timeout` for every
+    collective. With a `store` of the caller's, the store's own timeout
+    stands; gloo's send and recv keep the creation's."""
     from torch.distributed.distributed_c10d import (
         Backend,
         PrefixStore,
         _new_process_group_helper,
-        _set_pg_timeout,
         _world,
         default_pg_timeout,
         rendezvous,
@@ -1779,9 +1780,20 @@ def init_custom_process_group(
         # reads the store), wait the group's own timeout.
         if rendezvous_store is not None:
             rendezvous_store.set_timeout(timeout)
-        _set_pg_timeout(timeout, pg)
+        set_group_timeout(timeout, pg)
 
     return pg
+
+
+def set_group_timeout(timeout, group) -> None:
+    """The default timeout of `group`'s later operations (through torch's
+    public set_timeout where it has one)."""
+    set_timeout = getattr(torch.distributed, "set_timeout", None)
+    if set_timeout is None:
+        from torch.distributed.distributed_c10d import _set_pg_timeout
+
+        set_timeout = _set_pg_timeout
+    set_timeout(timeout, group)
 
 
 def crash_on_warnings():

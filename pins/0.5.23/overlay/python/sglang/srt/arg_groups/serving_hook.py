@@ -8,7 +8,7 @@ import logging
 import os
 import random
 import socket
-from typing import Any, Optional
+from typing import Any
 
 from sglang.srt.arg_groups.overrides import (
     declare_resolution,
@@ -19,6 +19,7 @@ from sglang.srt.environ import envs
 from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
 from sglang.srt.runtime_context import get_platform
 from sglang.srt.sampling.watermarking.config import load_watermark_config
+from sglang.srt.utils.api_keys import refuse_blank_key
 from sglang.srt.utils.common import (
     configure_media_url_security,
     get_device,
@@ -122,13 +123,13 @@ def handle_ssl_validation(server_args: Any):
 
 def handle_api_keys(server_args: Any):
     cfg = resolving_view(server_args)
-    _refuse_blank_key(cfg.api_key, "--api-key")
-    _refuse_blank_key(cfg.admin_api_key, "--admin-api-key")
+    refuse_blank_key(cfg.api_key, "--api-key")
+    refuse_blank_key(cfg.admin_api_key, "--admin-api-key")
     admin_api_key = cfg.admin_api_key
     if admin_api_key is None:
         # The admin key may come from the environment, off the command line.
         admin_api_key = envs.SGLANG_ADMIN_API_KEY.get()
-        _refuse_blank_key(admin_api_key, "SGLANG_ADMIN_API_KEY")
+        refuse_blank_key(admin_api_key, "SGLANG_ADMIN_API_KEY")
         if admin_api_key is not None:
             declare_resolution(
                 server_args, "_handle_api_keys", admin_api_key=admin_api_key
@@ -140,27 +141,6 @@ def handle_api_keys(server_args: Any):
             "--tokenizer-worker-num > 1 cannot enforce --api-key or "
             "--admin-api-key (or SGLANG_ADMIN_API_KEY): its workers have no "
             "key check. Run one tokenizer worker to use keys."
-        )
-
-
-def _refuse_blank_key(key: Optional[str], source: str) -> None:
-    # A blank key is an unset variable in a launch script, not a choice: it
-    # was taken as no key at all, and every route answered without one. So
-    # are "None", '""' and "$API_KEY", which launchers write for a key they
-    # do not have: keys anyone could guess.
-    import re
-    import unicodedata
-
-    if key is None:
-        return
-    visible = "".join(c for c in key if unicodedata.category(c)[0] not in "ZC")
-    visible = visible.strip("'\"")
-    if visible.lower() in ("", "none", "null", "nil", "~") or re.fullmatch(
-        r"\$\{?\w+\}?", visible
-    ):
-        raise ValueError(
-            f"{source} is blank, None or an unexpanded variable: give the key, "
-            "or leave it out to run without one."
         )
 
 

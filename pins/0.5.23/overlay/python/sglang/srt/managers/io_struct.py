@@ -2146,9 +2146,9 @@ class InitWeightsUpdateGroupReqInput(BaseReq, kw_only=True):
     group_name: str = "weight_update_group"
     # The backend
     backend: str = "nccl"
-    # Seconds the whole init may take (None, and at most: the operator's
-    # --weight-update-health-deadline), and every collective of the group
-    # (None: torch's default; at most a week), however late a rank joined
+    # Seconds the whole init may take, and each collective of the group
+    # however late a rank joined (None, and at most: the operator's
+    # --weight-update-health-deadline)
     timeout: Optional[StrictFloat] = None
 
     def __post_init__(self):
