@@ -25,7 +25,6 @@ from __future__ import annotations
 import ast
 import json
 import multiprocessing as mp
-import os
 import socket
 import sys
 import time
