@@ -78,7 +78,7 @@ help:
 	@echo "make smoke RELEASE=<version>    the release's server smoke in its pin's environment; kept in pins/release-smokes"
 	@echo "make support-matrix             regenerate docs/support-matrix.md's table of releases (pins/releases, pins/release-smokes)"
 	@echo "make pr-branch SGLANG_DIR=<git checkout> [AUTHOR=\"Name <mail>\"]"
-	@echo "                                branch off HEAD, one signed-off commit per patch"
+	@echo "                                branch off HEAD: the series cut into signed-off commits (pr/series)"
 	@echo "                                (author defaults to the checkout's git user.name/user.email)"
 	@echo "The one-pin targets take PIN=<version> (default $(firstword $(PINS))):"
 	@echo "make upstream                   fetch + verify + unpack the pinned archive (build/<pin>/upstream/python)"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
 from devtools import (
@@ -20,6 +21,7 @@ from devtools import (
     patch_names,
     ports,
     pr_files,
+    pr_series,
     releases,
     restamp,
     rewrites,
@@ -153,7 +155,12 @@ def cmd_check(args: argparse.Namespace) -> int:
         for v in series.pin_versions(root)
     }
     map_problems = patch_names.check_names_across_pins(every_series)
-    map_problems += pr_files.check_pr_files(root, every_series)
+    pr_commits = {}
+    for version in every_series:
+        commits, problems = pr_series.check(series.Layout(root, version))
+        map_problems += [f"{version}: pull-request series: {p}" for p in problems]
+        pr_commits[version] = [(c.name, c.message) for c in commits]
+    map_problems += pr_files.check_pr_files(root, pr_commits)
     if mapped:
         map_problems += releases.check_map(root, list(every_series))
         map_problems += matrix.check_table(root)
@@ -343,12 +350,20 @@ def _checkout_cmd(fn):
     def run(args: argparse.Namespace) -> int:
         layout = _layout_for_tree(args, Path(args.sglang_dir))
         extra = {"generated": checkout._generated_files(layout)}
-        if fn is checkout.pr_branch:
-            extra["extras"] = pr_files.pr_files_of(layout.root, layout.patches())
         for name in ("branch", "author"):
             if getattr(args, name, None) is not None:
                 extra[name] = getattr(args, name)
-        print(fn(Path(args.sglang_dir), layout.pin(), layout.patches(), **extra))
+        if fn is not checkout.pr_branch:
+            print(fn(Path(args.sglang_dir), layout.pin(), layout.patches(), **extra))
+            return 0
+        # The pull request is the series cut into commits none of which
+        # rewrites another's (pr/series); the fork's generated module stays out.
+        with tempfile.TemporaryDirectory() as tmp:
+            commits = pr_series.cut(layout)
+            patches = pr_series.write_patches(layout, commits, Path(tmp))
+            extra["generated"] = {}
+            extra["extras"] = pr_files.pr_files_of(layout.root, patches)
+            print(fn(Path(args.sglang_dir), layout.pin(), patches, **extra))
         return 0
 
     return run

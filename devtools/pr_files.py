@@ -1,14 +1,15 @@
 """What a pull-request branch adds beside the series: each feature's tests in
 upstream's own layout, and its page in upstream's docs.
 
-`pr/<patch name>/<path in the SGLang repository>`, e.g.
+`pr/<commit name>/<path in the SGLang repository>`, e.g.
 `pr/secret-redaction/test/registered/unit/utils/test_redaction.py`: `make
-pr-branch` adds these files to that patch's commit, so each commit carries
+pr-branch` adds these files to that commit of the pull-request series
+(`pr_series`, `pr/series`), so each commit carries
 the unit tests upstream's CI would run for it (CPU-only, no server, as
 upstream's `test/registered/unit/README.md` asks) and its documentation.
 They are not part of the series: the forked wheel and an applied tree never
 carry them (upstream's wheel has no `test/` or `docs/`). One copy serves
-every pin whose series has the patch.
+every pin whose pull-request series has the commit.
 
 Standard library only, as the rest of devtools.
 """
@@ -19,14 +20,16 @@ import re
 from pathlib import Path
 
 PR_DIR = "pr"
+# The messages of the pull-request series' own commits (`pr_series`).
+MESSAGES_DIR = "messages"
 # Where upstream keeps what a pull request adds beside the code.
 UNIT_TESTS = "test/registered/unit/"
 DOCS = "docs/"
 
 
 def pr_files(root: Path, patch_name: str) -> dict[str, bytes]:
-    """{path in the SGLang repository: bytes} that the commit of the patch
-    named `patch_name` (its file name, with or without `.patch`) adds."""
+    """{path in the SGLang repository: bytes} that the commit named
+    `patch_name` (its patch file's name, with or without `.patch`) adds."""
     folder = root / PR_DIR / patch_name.removesuffix(".patch")
     if not folder.is_dir():
         return {}
@@ -52,19 +55,25 @@ def unit_test_modules(files: dict[str, bytes]) -> list[str]:
     return sorted(rel for rel in files if is_unit_test(rel))
 
 
-def check_pr_files(root: Path, series: dict[str, list[Path]]) -> list[str]:
-    """Each folder names a patch of some pin's series; each file is a unit
-    test registered for upstream's CPU CI, or a docs page."""
+def check_pr_files(root: Path, commits: dict[str, list[tuple[str, str]]]) -> list[str]:
+    """Each folder names a commit of some pin's pull-request series
+    (`commits`: {pin: [(commit name, its message)]}, `pr_series.cut`);
+    each file is a unit test registered for upstream's CPU CI, or a docs
+    page; each commit's message names the unit tests it adds."""
     top = root / PR_DIR
     if not top.is_dir():
         return []
-    names = {p.name.removesuffix(".patch") for ps in series.values() for p in ps}
+    names = {name for each in commits.values() for name, _ in each}
     problems = []
     added: dict[str, str] = {}
     for folder in sorted(p for p in top.iterdir() if p.is_dir()):
+        if folder.name == MESSAGES_DIR:
+            continue
         where = f"{PR_DIR}/{folder.name}"
         if folder.name not in names:
-            problems.append(f"{where}: no pin's series has a patch of that name")
+            problems.append(
+                f"{where}: no commit of a pin's pull-request series has that name"
+            )
         for rel, data in pr_files(root, folder.name).items():
             first = added.setdefault(rel, folder.name)
             if first != folder.name:
@@ -82,16 +91,15 @@ def check_pr_files(root: Path, series: dict[str, list[Path]]) -> list[str]:
                 problems.append(
                     f"{where}/{rel}: a pull request adds unit tests under "
                     f"{UNIT_TESTS} and pages under {DOCS} here; the code "
-                    "belongs in the patch"
+                    "belongs in the commit"
                 )
-    for version, patches in series.items():
-        for patch in patches:
-            message = patch.read_text().partition("\ndiff --git ")[0]
+    for version, each in commits.items():
+        for name, message in each:
             message = " ".join(message.split())
-            for rel in unit_test_modules(pr_files(root, patch.name)):
+            for rel in unit_test_modules(pr_files(root, name)):
                 if rel not in message:
                     problems.append(
-                        f"{version}: {patch.name}: its message does not name "
-                        f"{rel}, the unit tests its pull request adds"
+                        f"{version}: {name}: its message does not name {rel}, "
+                        "the unit tests its commit adds"
                     )
     return problems

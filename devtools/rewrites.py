@@ -80,16 +80,30 @@ def rewrites(layout: Layout) -> dict[tuple[str, str], int]:
     """{(patch, earlier patch): lines of the earlier patch's it removes or
     changes}, over the series as it applies to the pristine tree."""
     pristine = ensure_upstream(layout)
+    patches = [(p.name.removesuffix(".patch"), p.read_text()) for p in layout.patches()]
+    paths = {path for _, text in patches for path, _ in _file_diffs(text)}
+    return rewrites_of(
+        patches,
+        {
+            path: (pristine / path).read_text() if (pristine / path).is_file() else None
+            for path in paths
+        },
+    )
+
+
+def rewrites_of(
+    patches: list[tuple[str, str]], pristine: dict[str, str | None]
+) -> dict[tuple[str, str], int]:
+    """`rewrites` of `patches` ((name, text), in order) on the `pristine`
+    files ({path: text, None where new})."""
     files: dict[str, list[tuple[str, str]]] = {}
     found: dict[tuple[str, str], int] = {}
-    for patch in layout.patches():
-        name = patch.name.removesuffix(".patch")
-        for path, diff in _file_diffs(patch.read_text()):
+    for name, text in patches:
+        for path, diff in _file_diffs(text):
             if path not in files:
-                source = pristine / path
-                text = source.read_text() if source.is_file() else ""
+                text = pristine.get(path) or ""
                 files[path] = [(line, UPSTREAM) for line in text.split("\n")]
-                if text.endswith("\n"):
+                if text.endswith("\n") or not text:
                     files[path].pop()
             files[path], removed = _apply(files[path], diff, name, path)
             for author, count in removed.items():

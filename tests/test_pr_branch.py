@@ -1,5 +1,6 @@
-"""`make pr-branch` as an upstream maintainer receives it: each feature's
-commit carries its unit tests in upstream's layout (`pr/<patch>/`), and
+"""`make pr-branch` as an upstream maintainer receives it: the series cut
+into commits none of which rewrites another's lines (`pr/series`); each
+commit carries its unit tests in upstream's layout (`pr/<commit>/`), and
 they pass on CPU, run by pytest from the branch's own tree (upstream's
 `sglang.test` helpers included), at the branch's head and at each commit
 that adds them. `make test` checks the branch; `make test-pr-branch` (run by
@@ -19,10 +20,11 @@ from pathlib import Path
 import pytest
 from conftest import ACTIVE_PIN
 
-from devtools import pr_files, series
+from devtools import pr_files, pr_series, rewrites, series
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = series.Layout(ROOT, ACTIVE_PIN)
+COMMITS = [Path(f"{c.name}.patch") for c in pr_series.cut(LAYOUT)]
 JANE = "Jane Doe <jane@example.org>"
 
 RUN_UNIT_TESTS = os.environ.get("RLSYNC_PR_UNIT_TESTS") == "1"
@@ -54,9 +56,37 @@ def branch(upstream_tree, tmp_path_factory) -> tuple[Path, str]:
 
 
 def commits_of(repo: Path, name: str) -> dict[str, str]:
-    """{patch file name: its commit on the branch}, in series order."""
+    """{commit's patch file name: its commit on the branch}, in order."""
     log = sh(repo, "log", "--reverse", "--format=%H", f"main..{name}").split()
-    return dict(zip((p.name for p in LAYOUT.patches()), log))
+    assert len(log) == len(COMMITS), log
+    return dict(zip((p.name for p in COMMITS), log))
+
+
+def test_no_commit_rewrites_lines_another_commit_added(branch):
+    """Followed through the branch's own diffs, no commit changes or
+    removes a line an earlier commit added (the series' patches do:
+    `make rewrites`)."""
+    repo, name = branch
+    diffs = [
+        (patch, sh(repo, "show", "--format=", commit))
+        for patch, commit in commits_of(repo, name).items()
+    ]
+    paths = {path for _, text in diffs for path, _ in rewrites._file_diffs(text)}
+    pristine = {
+        path: sh(repo, "show", f"main:{path}") if path_in(repo, path) else None
+        for path in paths
+    }
+    assert rewrites.rewrites_of(diffs, pristine) == {}
+    assert rewrites.rewrites(LAYOUT), "the series itself rewrites: a test of the test"
+
+
+def path_in(repo: Path, path: str) -> bool:
+    proc = series.git(repo, "cat-file", "-e", f"main:{path}", check=False)
+    return proc.returncode == 0
+
+
+def test_no_commit_of_the_branch_imports_what_a_later_one_adds():
+    assert pr_series.stage_problems(LAYOUT, pr_series.cut(LAYOUT)) == []
 
 
 def run_unit_tests(tree: Path, files: list[str]) -> subprocess.CompletedProcess:
@@ -72,7 +102,7 @@ def run_unit_tests(tree: Path, files: list[str]) -> subprocess.CompletedProcess:
 
 def test_each_feature_commit_adds_its_unit_tests_and_docs(branch):
     repo, name = branch
-    extras = pr_files.pr_files_of(ROOT, LAYOUT.patches())
+    extras = pr_files.pr_files_of(ROOT, COMMITS)
     assert extras, "no patch of the series has upstream-style tests under pr/"
     for patch, commit in commits_of(repo, name).items():
         added = sh(repo, "show", "--name-only", "--diff-filter=A", "--format=", commit)
@@ -84,7 +114,7 @@ def test_each_feature_commit_adds_its_unit_tests_and_docs(branch):
 @pytest.mark.skipif(not RUN_UNIT_TESTS, reason="make test-pr-branch runs it")
 def test_the_unit_tests_pass_at_the_head(branch, tmp_path):
     repo, name = branch
-    extras = pr_files.pr_files_of(ROOT, LAYOUT.patches())
+    extras = pr_files.pr_files_of(ROOT, COMMITS)
     every = [
         rel for files in extras.values() for rel in pr_files.unit_test_modules(files)
     ]
@@ -101,7 +131,7 @@ def test_the_unit_tests_pass_at_the_commit_that_adds_them(branch, tmp_path):
     """What a reviewer checks out is that commit: its tests may not lean on
     a later patch."""
     repo, name = branch
-    extras = pr_files.pr_files_of(ROOT, LAYOUT.patches())
+    extras = pr_files.pr_files_of(ROOT, COMMITS)
     ran = 0
     for patch, commit in commits_of(repo, name).items():
         files = pr_files.unit_test_modules(extras.get(patch, {}))

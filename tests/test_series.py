@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from devtools import patch_names, pr_files, releases, rewrites, seams, series
+from devtools import (
+    patch_names,
+    pr_files,
+    pr_series,
+    releases,
+    rewrites,
+    seams,
+    series,
+)
 from devtools.pin import Pin, PinError, read_pin, unpack_archive
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -664,45 +672,45 @@ def test_rewrites_are_what_git_blame_says(scratch):
     assert blamed and rewrites.rewrites(scratch) == blamed
 
 
-def test_pull_request_files_must_be_a_patch_s_unit_tests_or_docs(tmp_path):
-    """pr/<patch>/ holds what the patch's commit adds in a pull request:
-    registered unit tests and docs pages of a patch some pin has, once, and
-    the patch's message names its unit tests."""
-    pins = {"1": [patch_file(tmp_path, "secret-redaction.patch", "a: b")]}
+def test_pull_request_files_must_be_a_commit_s_unit_tests_or_docs(tmp_path):
+    """pr/<commit>/ holds what that commit of the pull-request series adds:
+    registered unit tests and docs pages of a commit some pin has, once,
+    and the commit's message names its unit tests; pr/messages/ is no
+    commit's."""
+    pins = {"1": [("secret-redaction", "redaction: hide secrets\n")]}
     root = tmp_path / "repo"
     files = {
         "secret-redaction/test/registered/unit/utils/test_redaction.py": "register_cpu_ci(est_time=1)\n",
         "secret-redaction/docs/advanced_features/redaction.md": "# Redaction\n",
         "secret-redaction/python/sglang/srt/x.py": "x = 1\n",
         "secret-redaction/test/registered/unit/utils/test_unregistered.py": "x = 1\n",
-        "no-such-patch/docs/x.md": "# x\n",
-        "no-such-patch/test/registered/unit/utils/test_redaction.py": "register_cpu_ci(est_time=1)\n",
+        "no-such-commit/docs/x.md": "# x\n",
+        "no-such-commit/test/registered/unit/utils/test_redaction.py": "register_cpu_ci(est_time=1)\n",
+        "messages/secret-redaction": "redaction: hide secrets\n",
     }
     for rel, text in files.items():
         (root / "pr" / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / "pr" / rel).write_text(text)
     problems = pr_files.check_pr_files(root, pins)
     assert problems == [
-        "pr/no-such-patch: no pin's series has a patch of that name",
+        "pr/no-such-commit: no commit of a pin's pull-request series has that name",
         "pr/secret-redaction/python/sglang/srt/x.py: a pull request adds unit tests "
         "under test/registered/unit/ and pages under docs/ here; the code belongs "
-        "in the patch",
+        "in the commit",
         "pr/secret-redaction/test/registered/unit/utils/test_redaction.py: "
-        "pr/no-such-patch adds it too; one commit adds a file",
+        "pr/no-such-commit adds it too; one commit adds a file",
         "pr/secret-redaction/test/registered/unit/utils/test_unregistered.py: a unit "
         "test registers itself for upstream's CPU CI (register_cpu_ci)",
-        "1: secret-redaction.patch: its message does not name test/registered/"
-        "unit/utils/test_redaction.py, the unit tests its pull request adds",
-        "1: secret-redaction.patch: its message does not name test/registered/"
-        "unit/utils/test_unregistered.py, the unit tests its pull request adds",
+        "1: secret-redaction: its message does not name test/registered/"
+        "unit/utils/test_redaction.py, the unit tests its commit adds",
+        "1: secret-redaction: its message does not name test/registered/"
+        "unit/utils/test_unregistered.py, the unit tests its commit adds",
     ]
-    assert (
-        pr_files.check_pr_files(
-            ROOT,
-            {v: series.Layout(ROOT, v).patches() for v in series.pin_versions(ROOT)},
-        )
-        == []
-    )
+    cut = {
+        v: [(c.name, c.message) for c in pr_series.cut(series.Layout(ROOT, v))]
+        for v in series.pin_versions(ROOT)
+    }
+    assert pr_files.check_pr_files(ROOT, cut) == []
 
 
 def test_a_mixin_reading_undeclared_upstream_state_fails_check(scratch):

@@ -1,0 +1,299 @@
+"""The pull-request series: the patch series cut into commits none of which
+rewrites another's lines.
+
+The patch series is the fork's history: a feature's later patch often
+rewrites lines an earlier one added (`make rewrites`). A maintainer should
+read each line once, in the form that ships. `make pr-branch` therefore does
+not commit the patches as they are; it cuts the series' final diff into
+commits (`line_origins`): each commit adds lines of the final tree and
+removes pristine lines, nothing else, so no commit rewrites another's. A
+line belongs to the patch that first wrote its slot, in its final form.
+
+`pr/series` says how the cut departs from one commit per patch, in series
+order; each line is one of:
+
+    drop <patch>
+        the patch is the fork's own (it does not go upstream): its lines are
+        left out and the pristine lines it removed stay;
+    split <patch> <commit> <path glob> [<path glob> ...]
+        the patch's lines in the files the globs match (the first `split`
+        line of the patch that matches wins) go to <commit>; the patch's
+        commits come in the order of its `split` lines, at its place in the
+        series, and every file of the patch must match one.
+
+A split commit's message is `pr/messages/<commit>`; every other commit's is
+its patch's, less the series' own trailers (`Depends:`, `Feature:`,
+`Forwarded: no`).
+
+Standard library only, as the rest of devtools.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from devtools.imports import unresolved_imports
+from devtools.line_origins import UPSTREAM, Line, file_diffs, line_origins
+from devtools.pr_files import MESSAGES_DIR, PR_DIR
+from devtools.series import Layout, SeriesError, ensure_upstream, git
+
+PLAN_FILE = "series"
+# Trailers of the fork's series that mean nothing upstream.
+_FORK_TRAILER = re.compile(r"^(Depends|Feature|Forwarded): .*\n", re.M)
+
+
+@dataclass
+class Plan:
+    """`drop <patch>` lines and `commit <name> <selector>...` lines, in
+    order; a selector is `<patch>` or `<patch>:<path glob>`."""
+
+    drops: set[str] = field(default_factory=set)
+    commits: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
+
+    def commit_of(self, patch: str, path: str) -> str | None:
+        """The commit that takes `patch`'s lines in `path` (None: dropped)."""
+        if patch in self.drops:
+            return None
+        for name, selectors in self.commits:
+            for selected, glob in selectors:
+                if selected == patch and fnmatch.fnmatchcase(path, glob):
+                    return name
+        raise SeriesError(
+            f"{PR_DIR}/{PLAN_FILE}: no commit takes {patch}'s lines in {path}"
+        )
+
+    def patches(self) -> set[str]:
+        return self.drops | {p for _, sels in self.commits for p, _ in sels}
+
+
+@dataclass
+class Commit:
+    """One commit of the pull-request series."""
+
+    name: str
+    message: str  # subject line, blank line, body
+    files: dict[str, str | None]  # {path: text after it, None: no such file}
+
+
+def read_plan(root: Path) -> Plan:
+    path = root / PR_DIR / PLAN_FILE
+    plan = Plan()
+    if not path.is_file():
+        return plan
+    names: set[str] = set()
+    sets: dict[str, list[str]] = {}
+    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+        words = raw.split("#", 1)[0].split()
+        where = f"{PR_DIR}/{PLAN_FILE}:{lineno}"
+        if not words:
+            continue
+        if words[0] == "drop" and len(words) == 2:
+            plan.drops.add(words[1])
+        elif words[0] == "set" and len(words) >= 4 and words[2] == "=":
+            sets[words[1]] = words[3:]
+        elif words[0] == "commit" and len(words) >= 3 and words[1] not in names:
+            names.add(words[1])
+            selectors = []
+            for word in words[2:]:
+                patch, _, glob = word.partition(":")
+                if patch.startswith("@") and patch[1:] not in sets:
+                    raise SeriesError(f"{where}: no 'set {patch[1:]} = ...' above")
+                for each in sets[patch[1:]] if patch.startswith("@") else [patch]:
+                    selectors.append((each, glob or "*"))
+            plan.commits.append((words[1], selectors))
+        else:
+            raise SeriesError(
+                f"{where}: expected 'drop <patch>', 'set <name> = <patch>...' or "
+                "'commit <name> <patch or @set>[:<path glob>]...' (each commit "
+                "named once)"
+            )
+    return plan
+
+
+def _stage_text(lines: list[Line], upto: int, index: dict[str, int]) -> list[str]:
+    """A file's lines once the commits before `upto` (an index) are made;
+    `index`: {patch or commit key: commit index}, missing: never."""
+    out = []
+    for line in lines:
+        if line.origin == UPSTREAM:
+            if not line.removed_by or index.get(line.removed_by, upto) >= upto:
+                out.append(line.text)
+        elif index.get(line.origin, upto) < upto:
+            out.append(line.text)
+    return out
+
+
+def _message(root: Path, layout: Layout, plan: Plan, name: str) -> str:
+    """A commit's message: its own for a split commit, else its patch's
+    without the series' trailers."""
+    path = root / PR_DIR / MESSAGES_DIR / name
+    if path.is_file():
+        return path.read_text().strip() + "\n"
+    if not (layout.patches_dir / f"{name}.patch").is_file():
+        raise SeriesError(
+            f"{path.relative_to(root)}: the message of a commit no patch names"
+        )
+    text = (layout.patches_dir / f"{name}.patch").read_text()
+    head, _, rest = text.partition("\n\n")
+    subject = re.search(r"^Subject: (?:\[PATCH[^\]]*\] )?(.*(?:\n .*)*)", head, re.M)
+    if not subject:
+        raise SeriesError(f"{name}.patch: no Subject")
+    title = " ".join(subject.group(1).split())
+    body = rest.partition("\ndiff --git ")[0]
+    body = _FORK_TRAILER.sub("", body.rstrip() + "\n").strip()
+    return f"{title}\n\n{body}\n" if body else f"{title}\n"
+
+
+def cut(layout: Layout) -> list[Commit]:
+    """The pull request's commits for `layout`'s series (see the module's
+    docstring), each with every file it changes as it leaves it."""
+    plan = read_plan(layout.root)
+    patches = [(p.name.removesuffix(".patch"), p.read_text()) for p in layout.patches()]
+    names = [name for name, _ in patches]
+    order = [name for name, _ in plan.commits]
+    position = {name: i for i, name in enumerate(order)}
+    pristine_root = ensure_upstream(layout)
+    paths = sorted({path for _, text in patches for path, _ in file_diffs(text)})
+    pristine = {
+        path: (
+            (pristine_root / path).read_text()
+            if (pristine_root / path).is_file()
+            else None
+        )
+        for path in paths
+    }
+    files = line_origins(patches, pristine)
+    # {path: {patch: commit index}}: where each patch's lines of a file go.
+    index: dict[str, dict[str, int]] = {}
+    touched: dict[int, set[str]] = {}
+    for path, lines in files.items():
+        index[path] = {}
+        for line in lines:
+            patch = line.removed_by or line.origin
+            if patch == UPSTREAM or patch in index[path]:
+                continue
+            commit = plan.commit_of(patch, path)
+            if commit is not None:
+                index[path][patch] = position[commit]
+                touched.setdefault(position[commit], set()).add(path)
+    commits = []
+    for i, name in enumerate(order):
+        changed: dict[str, str | None] = {}
+        for path in sorted(touched.get(i, ())):
+            lines = _stage_text(files[path], i + 1, index[path])
+            if not lines and pristine[path] is None:
+                changed[path] = None
+            else:
+                changed[path] = "\n".join(lines) + "\n"
+        if not changed:
+            continue  # none of its patches is in this pin's series
+        message = _message(layout.root, layout, plan, name)
+        commits.append(Commit(name, message, changed))
+    return commits
+
+
+def pristine_files(layout: Layout, commits: list[Commit]) -> dict[str, str | None]:
+    """The pristine text of every file the commits change (None: new)."""
+    root = ensure_upstream(layout)
+    paths = sorted({path for commit in commits for path in commit.files})
+    return {
+        path: (root / path).read_text() if (root / path).is_file() else None
+        for path in paths
+    }
+
+
+def write_patches(layout: Layout, commits: list[Commit], dest: Path) -> list[Path]:
+    """The commits as `git format-patch` files in `dest` (`<name>.patch`, in
+    order), made in a scratch repository holding the pristine files."""
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp)
+        git(repo, "init", "--quiet")
+        for path, text in pristine_files(layout, commits).items():
+            if text is not None:
+                (repo / path).parent.mkdir(parents=True, exist_ok=True)
+                (repo / path).write_text(text)
+        _commit_all(repo, "pristine")
+        for commit in commits:
+            for path, text in commit.files.items():
+                target = repo / path
+                if text is None:
+                    target.unlink(missing_ok=True)
+                else:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(text)
+            _commit_all(repo, commit.message)
+        written = []
+        for i, commit in enumerate(commits):
+            text = git(
+                repo,
+                "format-patch",
+                "--stdout",
+                "--no-signature",
+                "--full-index",
+                "-1",
+                f"HEAD~{len(commits) - 1 - i}",
+            ).stdout
+            out = dest / f"{commit.name}.patch"
+            out.write_text(text)
+            written.append(out)
+    return written
+
+
+def stage_problems(layout: Layout, commits: list[Commit]) -> list[str]:
+    """What breaks a reviewer's checkout of a commit: a Python file it
+    changes that does not compile there, or a `from sglang... import` in
+    one that the tree at that commit does not bind (a line whose final form
+    leans on a later commit)."""
+    pristine = ensure_upstream(layout)
+    problems = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp)
+        for commit in commits:
+            compiled = []
+            for path, text in commit.files.items():
+                target = tree / path
+                if text is None:
+                    target.unlink(missing_ok=True)
+                    continue
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(text)
+                if not path.endswith(".py"):
+                    continue
+                try:
+                    compile(text, path, "exec")
+                except SyntaxError as e:
+                    problems.append(f"{commit.name}: {path}:{e.lineno}: {e.msg}")
+                    continue
+                compiled.append(path)
+            for path, line, module, name in unresolved_imports(
+                tree, pristine, compiled
+            ):
+                problems.append(
+                    f"{commit.name}: {path}:{line}: imports {name} from {module}, "
+                    "which the tree at this commit does not define"
+                )
+    return problems
+
+
+def _commit_all(repo: Path, message: str) -> None:
+    from devtools.series import IDENTITY
+
+    git(repo, "add", "--all", "--force")
+    git(repo, "commit", "--quiet", "--allow-empty", "-m", message, env=IDENTITY)
+
+
+def check(layout: Layout) -> tuple[list[Commit], list[str]]:
+    """The pin's pull-request series and what is wrong with it (a patch no
+    commit takes, a commit a reviewer cannot check out); nothing where the
+    checkout has no `pr/series`."""
+    if not (layout.root / PR_DIR / PLAN_FILE).is_file():
+        return [], []
+    try:
+        commits = cut(layout)
+    except SeriesError as e:
+        return [], [str(e)]
+    return commits, stage_problems(layout, commits)

@@ -1,0 +1,101 @@
+"""The cut of a series into pull-request commits (devtools.line_origins,
+devtools.pr_series) on small made-up series: which commit a line lands in,
+what a dropped patch leaves, and that no commit rewrites another's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from devtools import pr_series, rewrites
+from devtools.line_origins import UPSTREAM, line_origins
+from devtools.series import SeriesError
+
+PRISTINE = "a\nb\nc\n"
+
+
+def patch(path: str, hunk: str) -> str:
+    return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n{hunk}"
+
+
+# A adds two lines after b; B changes one of them and inserts one; C, the
+# fork's own, replaces c.
+A = patch("f.py", "@@ -1,3 +1,5 @@\n a\n b\n+x = 1\n+y = 2\n c\n")
+B = patch("f.py", "@@ -2,3 +2,4 @@\n b\n x = 1\n-y = 2\n+y = 3\n+z = 4\n c\n")
+C = patch("f.py", "@@ -4,3 +4,3 @@\n y = 3\n z = 4\n-c\n+c2\n")
+
+
+def origins(*patches: tuple[str, str]) -> list[tuple[str, str, str]]:
+    (lines,) = line_origins(list(patches), {"f.py": PRISTINE}).values()
+    return [(line.text, line.origin, line.removed_by) for line in lines]
+
+
+def test_a_changed_line_belongs_to_the_patch_that_first_wrote_it_in_its_final_form():
+    assert origins(("A", A), ("B", B)) == [
+        ("a", UPSTREAM, ""),
+        ("b", UPSTREAM, ""),
+        ("x = 1", "A", ""),
+        ("y = 3", "A", ""),  # B changed A's line: A ships it as it ends
+        ("z = 4", "B", ""),  # B's own new line
+        ("c", UPSTREAM, ""),
+    ]
+
+
+def test_a_removed_pristine_line_stays_as_its_removers_tombstone():
+    assert origins(("A", A), ("B", B), ("C", C))[-2:] == [
+        ("c", UPSTREAM, "C"),
+        ("c2", "C", ""),
+    ]
+
+
+def stages(plan: pr_series.Plan, *patches: tuple[str, str]) -> list[str]:
+    (lines,) = line_origins(list(patches), {"f.py": PRISTINE}).values()
+    order = [name for name, _ in plan.commits]
+    index = {}
+    for line in lines:
+        owner = line.removed_by or line.origin
+        if owner != UPSTREAM:
+            commit = plan.commit_of(owner, "f.py")
+            if commit is not None:
+                index[owner] = order.index(commit)
+    return [
+        "".join(f"{t}\n" for t in pr_series._stage_text(lines, i + 1, index))
+        for i in range(len(order))
+    ]
+
+
+def test_each_commit_adds_final_lines_only_and_a_dropped_patch_leaves_none():
+    plan = pr_series.Plan(
+        drops={"C"}, commits=[("A", [("A", "*")]), ("B", [("B", "*")])]
+    )
+    first, second = stages(plan, ("A", A), ("B", B), ("C", C))
+    assert first == "a\nb\nx = 1\ny = 3\nc\n"
+    assert second == "a\nb\nx = 1\ny = 3\nz = 4\nc\n"  # c stays: C is dropped
+    diffs = [
+        ("A", patch("f.py", "@@ -2,2 +2,4 @@\n b\n+x = 1\n+y = 3\n c\n")),
+        ("B", patch("f.py", "@@ -4,2 +4,3 @@\n y = 3\n+z = 4\n c\n")),
+    ]
+    assert rewrites.rewrites_of(diffs, {"f.py": PRISTINE}) == {}
+    assert rewrites.rewrites_of([("A", A), ("B", B)], {"f.py": PRISTINE}) == {
+        ("B", "A"): 1
+    }
+
+
+def test_a_plan_takes_every_patch_and_file_or_names_what_it_misses(tmp_path: Path):
+    (tmp_path / "pr").mkdir()
+    (tmp_path / "pr" / "series").write_text(
+        "drop C\nset both = A B\ncommit core @both:*.py\ncommit rest A\n"
+    )
+    plan = pr_series.read_plan(tmp_path)
+    assert plan.commit_of("B", "f.py") == "core"
+    assert plan.commit_of("A", "doc.md") == "rest"
+    assert plan.commit_of("C", "f.py") is None
+    with pytest.raises(SeriesError, match="no commit takes B's lines in doc.md"):
+        plan.commit_of("B", "doc.md")
+    (tmp_path / "pr" / "series").write_text("commit core @nothing\n")
+    with pytest.raises(SeriesError, match="no 'set nothing"):
+        pr_series.read_plan(tmp_path)
+    (tmp_path / "pr" / "series").write_text("commit core A\ncommit core B\n")
+    with pytest.raises(SeriesError, match="each commit named once"):
+        pr_series.read_plan(tmp_path)
