@@ -218,8 +218,8 @@ def _psum_format(s: int, t: int) -> str:
 def digest_bytes(data: torch.Tensor) -> str:
     """Digest of a 1-D contiguous uint8 tensor on any device (a bucket's
     bytes, as the receiver holds them)."""
-    assert data.dtype == torch.uint8 and data.dim() == 1, "need 1-D uint8 bytes"
-    assert data.is_contiguous(), "bytes must be contiguous"
+    if data.dtype != torch.uint8 or data.dim() != 1 or not data.is_contiguous():
+        raise ValueError("need 1-D contiguous uint8 bytes")
     s, t, _ = psum_totals([data])[0]
     return _psum_format(s, t)
 
@@ -237,7 +237,8 @@ def digest_tensors(tensors: list[torch.Tensor]) -> str:
     once per layout (`DigestPlan`, kept per thread): a sender that digests
     the same parameters in the same buckets every sync builds each bucket's
     launch once and then only checks that the layout still holds."""
-    assert tensors, "need at least one tensor"
+    if not tensors:
+        raise ValueError("need at least one tensor")
     plan = _cached_plan(tensors)
     if plan is not None:
         try:
