@@ -458,3 +458,21 @@ def test_without_triton_or_off_cuda_the_torch_path_serves():
     assert not trainer_digest.fused_digest_available(cpu) or (
         os.environ.get("TRITON_INTERPRET") == "1"
     )
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda d: d.digest_bytes(torch.zeros(4, dtype=torch.float32)),
+        lambda d: d.digest_bytes(torch.zeros(2, 4, dtype=torch.uint8)),
+        lambda d: d.digest_bytes(torch.zeros(8, dtype=torch.uint8)[::2]),
+        lambda d: d.digest_tensors([]),
+    ],
+    ids=["not bytes", "not 1-D", "not contiguous", "no tensors"],
+)
+def test_a_bad_argument_is_a_value_error_under_python_O_too(call):
+    """Both sides' digests refuse what they cannot digest with a ValueError
+    (an assert would vanish under `python -O` and digest garbage)."""
+    for module in (trainer_digest, server_digest):
+        with pytest.raises(ValueError, match="need"):
+            call(module)

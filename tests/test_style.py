@@ -248,3 +248,26 @@ def test_the_library_has_no_import_circle():
     for module in sorted(graph):
         visit(module, [module])
     assert circles == [], "import circles:\n" + "\n".join(sorted(set(circles)))
+
+
+def test_no_assert_validates_a_public_functions_argument_in_the_library():
+    """A caller's bad argument gets a ValueError or TypeError: `python -O`
+    drops asserts. An assert in a public function of python/rlsync may check
+    the code's own invariants, never a parameter."""
+    found = []
+    for path in sorted((ROOT / "python" / "rlsync").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if node.name.startswith("_"):
+                continue
+            params = {a.arg for a in node.args.args + node.args.kwonlyargs}
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Assert):
+                    names = {
+                        n.id for n in ast.walk(inner.test) if isinstance(n, ast.Name)
+                    }
+                    if names & (params - {"self", "cls"}):
+                        rel = path.relative_to(ROOT)
+                        found.append(f"{rel}:{inner.lineno} in {node.name}")
+    assert found == [], "asserts on arguments:\n" + "\n".join(found)

@@ -448,7 +448,10 @@ def fused_partials(
     """Launches the fused digest of 1-D contiguous uint8 bytes on the current
     stream, adding into `out` (four int64 counters, zeroed by the caller):
     (S mod p) = out[1] * 2**31 + out[0], (T mod p) = out[3] * 2**31 + out[2]."""
-    assert 0 < chunk_words <= CHUNK_WORDS and chunk_words % tile_words == 0
+    if not (0 < chunk_words <= CHUNK_WORDS and chunk_words % tile_words == 0):
+        raise ValueError(
+            f"chunk_words: {chunk_words} is not a multiple of {tile_words} up to {CHUNK_WORDS}"
+        )
     n = data.numel()
     if n == 0:
         return
