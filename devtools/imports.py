@@ -133,3 +133,46 @@ def unresolved_imports(
                     continue
                 missing.append((rel, node.lineno, module, alias.name))
     return missing
+
+
+_MODULE_NAMES = {"__file__", "__name__", "__doc__", "__spec__", "__path__"}
+_MODULE_NAMES |= {"__package__", "__loader__", "__builtins__", "__annotations__"}
+
+
+def unbound_names(source: str) -> list[tuple[int, str]]:
+    """(line, name) of each name `source` reads that it binds nowhere (no
+    assignment, parameter, definition, import or handler of that name
+    anywhere in the file) and that is no builtin: a NameError waiting.
+    Scopes are not told apart, so a name bound in one function hides its
+    use in another; a star import hides everything."""
+    import builtins
+
+    tree = ast.parse(source)
+    bound = set(dir(builtins)) | _MODULE_NAMES
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            bound.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for alias in node.names:
+                if alias.name == "*":
+                    return []
+                bound.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            bound.update(node.names)
+        elif isinstance(node, (ast.MatchAs, ast.MatchStar)) and node.name:
+            bound.add(node.name)
+        elif isinstance(node, ast.MatchMapping) and node.rest:
+            bound.add(node.rest)
+    return sorted(
+        (node.lineno, node.id)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Name)
+        and isinstance(node.ctx, ast.Load)
+        and node.id not in bound
+    )

@@ -36,7 +36,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.imports import unresolved_imports
+from devtools.imports import unbound_names, unresolved_imports
 from devtools.line_origins import UPSTREAM, Line, file_diffs, line_origins
 from devtools.pr_files import MESSAGES_DIR, PR_DIR
 from devtools.series import Layout, SeriesError, ensure_upstream, git
@@ -269,6 +269,13 @@ def stage_problems(layout: Layout, commits: list[Commit]) -> list[str]:
                     problems.append(f"{commit.name}: {path}:{e.lineno}: {e.msg}")
                     continue
                 compiled.append(path)
+                known = _unbound_in_pristine(pristine, path)
+                for line, name in unbound_names(text):
+                    if name not in known:
+                        problems.append(
+                            f"{commit.name}: {path}:{line}: reads {name}, which "
+                            "the file does not define at this commit"
+                        )
             for path, line, module, name in unresolved_imports(
                 tree, pristine, compiled
             ):
@@ -277,6 +284,15 @@ def stage_problems(layout: Layout, commits: list[Commit]) -> list[str]:
                     "which the tree at this commit does not define"
                 )
     return problems
+
+
+def _unbound_in_pristine(pristine: Path, path: str) -> set[str]:
+    """Names the pristine file reads without binding them (its own way of
+    defining them, which a commit did not break)."""
+    source = pristine / path
+    if not source.is_file():
+        return set()
+    return {name for _, name in unbound_names(source.read_text())}
 
 
 def _commit_all(repo: Path, message: str) -> None:

@@ -20,24 +20,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from devtools.line_origins import file_diffs
 from devtools.series import Layout, SeriesError, ensure_upstream
 
 REWRITES_FILE = "rewrites"
 UPSTREAM = ""
-_FILE_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-def _file_diffs(text: str) -> list[tuple[str, list[str]]]:
-    """(path, the diff's lines from its first hunk on), per file."""
-    out: list[tuple[str, list[str]]] = []
-    for line in text.split("\n"):
-        header = _FILE_HEADER.match(line)
-        if header:
-            out.append((header.group(2), []))
-        elif out and (out[-1][1] or line.startswith("@@")):
-            out[-1][1].append(line)
-    return out
 
 
 def _apply(
@@ -81,7 +69,7 @@ def rewrites(layout: Layout) -> dict[tuple[str, str], int]:
     changes}, over the series as it applies to the pristine tree."""
     pristine = ensure_upstream(layout)
     patches = [(p.name.removesuffix(".patch"), p.read_text()) for p in layout.patches()]
-    paths = {path for _, text in patches for path, _ in _file_diffs(text)}
+    paths = {path for _, text in patches for path, _ in file_diffs(text)}
     return rewrites_of(
         patches,
         {
@@ -99,7 +87,7 @@ def rewrites_of(
     files: dict[str, list[tuple[str, str]]] = {}
     found: dict[tuple[str, str], int] = {}
     for name, text in patches:
-        for path, diff in _file_diffs(text):
+        for path, diff in file_diffs(text):
             if path not in files:
                 text = pristine.get(path) or ""
                 files[path] = [(line, UPSTREAM) for line in text.split("\n")]

@@ -21,6 +21,7 @@ import pytest
 from conftest import ACTIVE_PIN
 
 from devtools import pr_files, pr_series, rewrites, series
+from devtools.line_origins import file_diffs
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = series.Layout(ROOT, ACTIVE_PIN)
@@ -71,7 +72,7 @@ def test_no_commit_rewrites_lines_another_commit_added(branch):
         (patch, sh(repo, "show", "--format=", commit))
         for patch, commit in commits_of(repo, name).items()
     ]
-    paths = {path for _, text in diffs for path, _ in rewrites._file_diffs(text)}
+    paths = {path for _, text in diffs for path, _ in file_diffs(text)}
     pristine = {
         path: sh(repo, "show", f"main:{path}") if path_in(repo, path) else None
         for path in paths

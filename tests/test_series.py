@@ -11,15 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import (
-    patch_names,
-    pr_files,
-    pr_series,
-    releases,
-    rewrites,
-    seams,
-    series,
-)
+from devtools import patch_names, pr_files, pr_series, releases, rewrites, seams, series
 from devtools.pin import Pin, PinError, read_pin, unpack_archive
 
 ROOT = Path(__file__).resolve().parents[1]
