@@ -99,3 +99,24 @@ def test_a_plan_takes_every_patch_and_file_or_names_what_it_misses(tmp_path: Pat
     (tmp_path / "pr" / "series").write_text("commit core A\ncommit core B\n")
     with pytest.raises(SeriesError, match="each commit named once"):
         pr_series.read_plan(tmp_path)
+
+
+def test_a_name_a_commit_reads_but_never_binds_is_found():
+    """What broke four commits of a cut once: a field typed by a name the
+    file imports only at a later commit, and a lambda's parameter whose
+    lambda a later commit writes."""
+    from devtools.imports import unbound_names
+
+    source = (
+        "from typing import Optional\n"
+        "import os\n"
+        "class Req:\n"
+        "    timeout: Optional[StrictFloat] = None\n"
+        "def f(x, *args, **kw):\n"
+        "    try:\n"
+        "        return g(init_timeout=left, y=[i for i in args], z=os.sep)\n"
+        "    except OSError as e:\n"
+        "        return e, x, kw, __file__, len\n"
+    )
+    assert unbound_names(source) == [(4, "StrictFloat"), (7, "g"), (7, "left")]
+    assert unbound_names("from os import *\nprint(anything)\n") == []

@@ -1,6 +1,5 @@
-"""Unit tests for every TP rank's result of a scheduler operation, and for
-admin weight operations failing on any TP rank — no server; the TP group's
-all-gather is replaced by the ranks' answers."""
+"""Unit tests for every TP rank's result of a scheduler operation — no
+server; the TP group's all-gather is replaced by the ranks' answers."""
 
 import types
 import unittest
@@ -10,7 +9,6 @@ from sglang.srt.managers import weight_op_results
 from sglang.srt.managers.weight_op_results import (
     RankedResult,
     gather_from_tp_ranks,
-    gather_rank_results,
     rank_results_of,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -68,42 +66,6 @@ class TestWeightOpResults(CustomTestCase):
             RankedResult((True, "ok"), [{"rank": 0}]).rank_results, [{"rank": 0}]
         )
         self.assertEqual(RankedResult((True, "ok")).rank_results, [])
-
-
-def handler_answering(output):
-    """A scheduler handler whose own rank answers `output`."""
-
-    @gather_rank_results
-    def handler(scheduler, request):
-        return output
-
-    return handler
-
-
-class TestRankResults(CustomTestCase):
-    def test_a_failure_on_another_rank_fails_the_operation_naming_it(self):
-        output = types.SimpleNamespace(success=True, message="ok")
-        failed = {"rank": 1, "success": False, "message": "out of memory"}
-        with other_ranks_answer(failed):
-            handler_answering(output)(scheduler(), None)
-        self.assertFalse(output.success)
-        self.assertEqual(output.message, "TP rank 1: out of memory")
-        self.assertEqual([r["rank"] for r in output.rank_results], [0, 1])
-
-    def test_every_rank_succeeding_keeps_the_answer(self):
-        output = types.SimpleNamespace(success=True, message="ok")
-        with other_ranks_answer({"rank": 1, "success": True, "message": "ok"}):
-            handler_answering(output)(scheduler(), None)
-        self.assertTrue(output.success)
-        self.assertEqual(output.message, "ok")
-        self.assertEqual(len(output.rank_results), 2)
-
-    def test_this_rank_s_own_failure_keeps_its_message(self):
-        output = types.SimpleNamespace(success=False, message="bad path")
-        with other_ranks_answer({"rank": 1, "success": False, "message": "x"}):
-            handler_answering(output)(scheduler(), None)
-        self.assertFalse(output.success)
-        self.assertEqual(output.message, "bad path")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,75 @@
+"""Unit tests for admin weight operations failing on any TP rank — no
+server; the TP group's all-gather is replaced by the ranks' answers."""
+
+import types
+import unittest
+from unittest import mock
+
+from sglang.srt.managers import weight_op_results
+from sglang.srt.managers.weight_op_results import gather_rank_results
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=1, suite="base-a-test-cpu")
+
+
+def scheduler(tp_rank=0, tp_size=2, dp_size=1, dp_rank=0):
+    return types.SimpleNamespace(
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        dp_rank=dp_rank,
+        tp_cpu_group=None,
+        server_args=types.SimpleNamespace(dp_size=dp_size),
+    )
+
+
+def other_ranks_answer(*answers):
+    """all_gather_object as the TP group would fill it: this rank's result,
+    then the other ranks' `answers`."""
+
+    def gather(out, mine, group=None):
+        out[:] = [mine, *answers]
+
+    return mock.patch.object(
+        weight_op_results.torch.distributed, "all_gather_object", gather
+    )
+
+
+def handler_answering(output):
+    """A scheduler handler whose own rank answers `output`."""
+
+    @gather_rank_results
+    def handler(scheduler, request):
+        return output
+
+    return handler
+
+
+class TestRankResults(CustomTestCase):
+    def test_a_failure_on_another_rank_fails_the_operation_naming_it(self):
+        output = types.SimpleNamespace(success=True, message="ok")
+        failed = {"rank": 1, "success": False, "message": "out of memory"}
+        with other_ranks_answer(failed):
+            handler_answering(output)(scheduler(), None)
+        self.assertFalse(output.success)
+        self.assertEqual(output.message, "TP rank 1: out of memory")
+        self.assertEqual([r["rank"] for r in output.rank_results], [0, 1])
+
+    def test_every_rank_succeeding_keeps_the_answer(self):
+        output = types.SimpleNamespace(success=True, message="ok")
+        with other_ranks_answer({"rank": 1, "success": True, "message": "ok"}):
+            handler_answering(output)(scheduler(), None)
+        self.assertTrue(output.success)
+        self.assertEqual(output.message, "ok")
+        self.assertEqual(len(output.rank_results), 2)
+
+    def test_this_rank_s_own_failure_keeps_its_message(self):
+        output = types.SimpleNamespace(success=False, message="bad path")
+        with other_ranks_answer({"rank": 1, "success": False, "message": "x"}):
+            handler_answering(output)(scheduler(), None)
+        self.assertFalse(output.success)
+        self.assertEqual(output.message, "bad path")
+
+
+if __name__ == "__main__":
+    unittest.main()
