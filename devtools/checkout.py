@@ -863,10 +863,11 @@ def pr_branch(
                 git(repo, "worktree", "remove", "--force", str(scratch), check=False)
                 git(repo, "branch", "-D", branch, check=False)
                 raise CheckoutError(
-                    f"the series does not apply on HEAD of {repo}, so no branch "
-                    "was made (pr-branch applies each patch as it is, without a "
-                    "3-way merge: start from a HEAD without local changes to "
-                    f"the patched lines, e.g. the release tag):\n"
+                    f"git am of the series on HEAD of {repo} failed, so no branch "
+                    "was made: a patch that does not apply (pr-branch applies "
+                    "each as it is, without a 3-way merge: start from a HEAD "
+                    "without local changes to the patched lines, e.g. the "
+                    "release tag) or a hook of the checkout that refused:\n"
                     f"{proc.stdout}{proc.stderr}"
                 )
             if generated:

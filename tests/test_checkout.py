@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import checkout, releases, series
+from devtools import checkout, pr_series, releases, series
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYOUT = series.Layout(ROOT)
@@ -204,28 +204,32 @@ def test_apply_to_a_plain_unpacked_tree(tmp_path, upstream_tree):
     assert "already applied" in make("apply", tree).stdout
 
 
-def test_pr_branch_has_one_commit_per_patch_and_leaves_checkout_alone(tree):
+def test_pr_branch_has_the_cut_s_commits_and_leaves_checkout_alone(tree):
+    """The branch's commits are the pull-request series (`pr/series`), not
+    one per patch: their subjects in order, every file as the series builds
+    it except those of the dropped fork-only patches (left pristine), and
+    no generated module."""
     head = sh(tree, "rev-parse", "HEAD").strip()
     proc = make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>")
     assert proc.returncode == 0, proc.stderr
     pin = LAYOUT.pin()
     branch = f"rlsync/{pin.version}-series{pin.series}"
     subjects = sh(tree, "log", "--format=%s", f"{head}..{branch}").splitlines()
-    expected = [
-        p.read_text()
-        .split("Subject: [PATCH] ", 1)[1]
-        .split("\n\n", 1)[0]
-        .replace("\n ", " ")
-        for p in LAYOUT.patches()
-    ]
-    if generated():
-        expected.append("rlsync: add the series' generated modules")
-    assert subjects == list(reversed(expected))
+    cut = pr_series.cut(LAYOUT)
+    assert subjects == [c.message.splitlines()[0] for c in reversed(cut)]
     assert sh(tree, "rev-parse", "HEAD").strip() == head
     assert status(tree) == ""
+    plan = pr_series.read_plan(ROOT)
+    dropped = [p for p in LAYOUT.patches() if p.name[: -len(".patch")] in plan.drops]
+    left_out = set(series.series_files(dropped))
+    assert left_out, "the plan drops the fork's own patch"
     for rel in touched():
+        if rel in left_out:
+            continue
         blob = sh(tree, "show", f"{branch}:{rel}").encode()
         assert blob == series.built_file(LAYOUT, rel).read_bytes(), rel
+    for rel in generated():
+        assert rel not in sh(tree, "ls-tree", "-r", "--name-only", branch)
     again = make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>")
     assert again.returncode != 0 and "already exists" in again.stderr
 
@@ -535,7 +539,7 @@ def test_pr_branch_commits_by_the_author_signed_off_and_dated_now(tree, tmp_path
         assert author == committer == JANE
         assert body.rstrip().splitlines()[-1] == f"Signed-off-by: {JANE}"
         assert started - 5 <= date <= time.time() + 5  # now, not 2000-01-01
-    assert len(commits) == len(LAYOUT.patches()) + bool(generated())
+    assert len(commits) == len(pr_series.cut(LAYOUT))
 
 
 def test_pr_branch_author_defaults_to_the_checkouts_git_config(tree, tmp_path):
@@ -720,15 +724,17 @@ def test_a_tree_path_with_shell_and_make_syntax_is_taken_as_given(
     assert files_of(odd) == pristine
 
 
-def test_pr_branch_whose_commit_hook_refuses_leaves_no_branch(tree):
-    hook = tree / ".git" / "hooks" / "pre-commit"
+def test_pr_branch_whose_hook_refuses_leaves_no_branch(tree):
+    """`git am` runs the checkout's pre-applypatch hook: one that refuses
+    stops the branch, which is removed, saying what refused."""
+    hook = tree / ".git" / "hooks" / "pre-applypatch"
     hook.write_text("#!/bin/sh\necho 'hook says no' >&2\nexit 1\n")
     hook.chmod(0o755)
     head = sh(tree, "rev-parse", "HEAD").strip()
     before = files_of(tree)
     proc = make("pr-branch", tree, AUTHOR="Jane Doe <jane@example.org>")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
-    assert "hook says no" in proc.stderr and "branch was removed" in proc.stderr
+    assert "hook says no" in proc.stderr and "no branch was made" in proc.stderr
     assert sh(tree, "branch", "--list", "rlsync/*").strip() == ""
     assert sh(tree, "rev-parse", "HEAD").strip() == head
     assert files_of(tree) == before

@@ -98,14 +98,18 @@ def request_in_flight(url: str) -> Iterator[cf.Future]:
 def test_a_final_complete_that_fails_raises_and_the_next_sync_goes_through(
     sender, server_tp1, model_weights, atomic
 ):
-    """A cache flush whose drain outlasts the sender's timeout: the engine
-    answers 400 and keeps its (verified) session open. The sync raises,
-    naming the engine, aborts that session, and the next sync applies
-    instead of meeting a 409 at prepare."""
+    """A final complete that fails with the session verified and open (a
+    cache flush asked for while a request is in flight and generation is
+    paused in place: the engine refuses it and keeps the session; the
+    drain's own timeout is tested in test_update_sequences). The sync
+    raises, naming the engine, aborts that session, and the next sync
+    applies instead of meeting a 409 at prepare."""
     url = server_tp1.url
     before = checksum(url)
     with request_in_flight(url) as streaming:
-        sender.timeout = 3  # how long the engine's drain waits for the request
+        # Paused in place, the request stays in flight however fast this
+        # machine generates (a drain timed against its speed once passed).
+        client.pause_generation(url, mode="in_place")
         try:
             with pytest.raises(SyncError) as err:
                 sender.sync(
@@ -115,12 +119,12 @@ def test_a_final_complete_that_fails_raises_and_the_next_sync_goes_through(
                     flush_cache=True,
                 )
         finally:
-            sender.timeout = TIMEOUT
-        assert not streaming.done(), "the request ended before the drain timed out"
+            client.continue_generation(url)
+        assert not streaming.done(), "the request ended before the complete"
     message = str(err.value)
     assert err.value.step == "apply", message
     assert f"1 of 1 engine(s) did not apply: {url}: " in message
-    assert "waiting for the in-flight requests to finish" in message
+    assert "a cache flush needs them finished; nothing applied" in message
     assert "applied on: none" in message and "their sessions aborted (ok)" in message
     result = err.value.result
     assert result is not None and not result.success
