@@ -29,13 +29,13 @@ import difflib
 import re
 from dataclasses import dataclass
 
-from devtools.series import SeriesError
+from devtools.series import Layout, SeriesError, ensure_upstream
 
 UPSTREAM = ""
 # How alike (difflib's ratio) a changed line is to the line it replaces.
 SAME_LINE_RATIO = 0.6
 _FILE_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
 @dataclass
@@ -114,7 +114,7 @@ def apply_diff(
     cursor = _Cursor(lines)
     i = 0
     while i < len(diff):
-        hunk = _HUNK.match(diff[i])
+        hunk = HUNK.match(diff[i])
         i += 1
         if not hunk:
             continue
@@ -218,3 +218,12 @@ def line_origins(
                 files[path] = pristine_lines(pristine.get(path))
             files[path] = apply_diff(files[path], diff, name, order, path)
     return files
+
+
+def pristine_texts(layout: Layout, paths) -> dict[str, str | None]:
+    """The pristine text of each path (None: the file is new)."""
+    root = ensure_upstream(layout)
+    return {
+        path: (root / path).read_text() if (root / path).is_file() else None
+        for path in sorted(paths)
+    }

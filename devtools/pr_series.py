@@ -9,21 +9,21 @@ commits (`line_origins`): each commit adds lines of the final tree and
 removes pristine lines, nothing else, so no commit rewrites another's. A
 line belongs to the patch that first wrote its slot, in its final form.
 
-`pr/series` says how the cut departs from one commit per patch, in series
-order; each line is one of:
+`pr/series` lists the commits, in order; each line is one of:
 
     drop <patch>
         the patch is the fork's own (it does not go upstream): its lines are
         left out and the pristine lines it removed stay;
-    split <patch> <commit> <path glob> [<path glob> ...]
-        the patch's lines in the files the globs match (the first `split`
-        line of the patch that matches wins) go to <commit>; the patch's
-        commits come in the order of its `split` lines, at its place in the
-        series, and every file of the patch must match one.
+    set <name> = <patch> [<patch> ...]
+        a name for several patches (`@<name>` in a selector);
+    commit <name> <selector> [<selector> ...]
+        a selector is `<patch>` or `@<set>`, optionally `:<path glob>`: the
+        first commit with a selector matching (patch, file) takes that
+        patch's lines in that file; every such pair must match one.
 
-A split commit's message is `pr/messages/<commit>`; every other commit's is
-its patch's, less the series' own trailers (`Depends:`, `Feature:`,
-`Forwarded: no`).
+A commit's message is `pr/messages/<commit>` where there is one, else its
+patch's (a commit named as a patch), less the series' own trailers
+(`Depends:`, `Feature:`, `Forwarded:`).
 
 Standard library only, as the rest of devtools.
 """
@@ -37,9 +37,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devtools.imports import unbound_names, unresolved_imports
-from devtools.line_origins import UPSTREAM, Line, file_diffs, line_origins
+from devtools.line_origins import (
+    UPSTREAM,
+    Line,
+    file_diffs,
+    line_origins,
+    pristine_texts,
+)
 from devtools.pr_files import MESSAGES_DIR, PR_DIR
-from devtools.series import Layout, SeriesError, ensure_upstream, git
+from devtools.series import IDENTITY, Layout, SeriesError, ensure_upstream, git
 
 PLAN_FILE = "series"
 # Trailers of the fork's series that mean nothing upstream.
@@ -65,9 +71,6 @@ class Plan:
         raise SeriesError(
             f"{PR_DIR}/{PLAN_FILE}: no commit takes {patch}'s lines in {path}"
         )
-
-    def patches(self) -> set[str]:
-        return self.drops | {p for _, sels in self.commits for p, _ in sels}
 
 
 @dataclass
@@ -156,16 +159,8 @@ def cut(layout: Layout) -> list[Commit]:
     names = [name for name, _ in patches]
     order = [name for name, _ in plan.commits]
     position = {name: i for i, name in enumerate(order)}
-    pristine_root = ensure_upstream(layout)
-    paths = sorted({path for _, text in patches for path, _ in file_diffs(text)})
-    pristine = {
-        path: (
-            (pristine_root / path).read_text()
-            if (pristine_root / path).is_file()
-            else None
-        )
-        for path in paths
-    }
+    paths = {path for _, text in patches for path, _ in file_diffs(text)}
+    pristine = pristine_texts(layout, paths)
     files = line_origins(patches, pristine)
     # {path: {patch: commit index}}: where each patch's lines of a file go.
     index: dict[str, dict[str, int]] = {}
@@ -196,23 +191,14 @@ def cut(layout: Layout) -> list[Commit]:
     return commits
 
 
-def pristine_files(layout: Layout, commits: list[Commit]) -> dict[str, str | None]:
-    """The pristine text of every file the commits change (None: new)."""
-    root = ensure_upstream(layout)
-    paths = sorted({path for commit in commits for path in commit.files})
-    return {
-        path: (root / path).read_text() if (root / path).is_file() else None
-        for path in paths
-    }
-
-
 def write_patches(layout: Layout, commits: list[Commit], dest: Path) -> list[Path]:
     """The commits as `git format-patch` files in `dest` (`<name>.patch`, in
     order), made in a scratch repository holding the pristine files."""
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp)
         git(repo, "init", "--quiet")
-        for path, text in pristine_files(layout, commits).items():
+        paths = {path for commit in commits for path in commit.files}
+        for path, text in pristine_texts(layout, paths).items():
             if text is not None:
                 (repo / path).parent.mkdir(parents=True, exist_ok=True)
                 (repo / path).write_text(text)
@@ -245,9 +231,9 @@ def write_patches(layout: Layout, commits: list[Commit], dest: Path) -> list[Pat
 
 def stage_problems(layout: Layout, commits: list[Commit]) -> list[str]:
     """What breaks a reviewer's checkout of a commit: a Python file it
-    changes that does not compile there, or a `from sglang... import` in
-    one that the tree at that commit does not bind (a line whose final form
-    leans on a later commit)."""
+    changes that does not compile there, reads a name it binds nowhere, or
+    has a `from sglang... import` the tree at that commit does not bind (a
+    line whose final form leans on a later commit)."""
     pristine = ensure_upstream(layout)
     problems = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -296,8 +282,6 @@ def _unbound_in_pristine(pristine: Path, path: str) -> set[str]:
 
 
 def _commit_all(repo: Path, message: str) -> None:
-    from devtools.series import IDENTITY
-
     git(repo, "add", "--all", "--force")
     git(repo, "commit", "--quiet", "--allow-empty", "-m", message, env=IDENTITY)
 

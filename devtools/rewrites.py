@@ -17,15 +17,11 @@ Standard library only, as the rest of devtools.
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 
-from devtools.line_origins import file_diffs
-from devtools.series import Layout, SeriesError, ensure_upstream
+from devtools.line_origins import HUNK, UPSTREAM, file_diffs, pristine_texts
+from devtools.series import Layout, SeriesError
 
 REWRITES_FILE = "rewrites"
-UPSTREAM = ""
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
 def _apply(
@@ -38,7 +34,7 @@ def _apply(
     at = 0  # index into `lines` of the next line not yet copied
     i = 0
     while i < len(diff):
-        hunk = _HUNK.match(diff[i])
+        hunk = HUNK.match(diff[i])
         i += 1
         if not hunk:
             continue
@@ -67,16 +63,9 @@ def _apply(
 def rewrites(layout: Layout) -> dict[tuple[str, str], int]:
     """{(patch, earlier patch): lines of the earlier patch's it removes or
     changes}, over the series as it applies to the pristine tree."""
-    pristine = ensure_upstream(layout)
     patches = [(p.name.removesuffix(".patch"), p.read_text()) for p in layout.patches()]
     paths = {path for _, text in patches for path, _ in file_diffs(text)}
-    return rewrites_of(
-        patches,
-        {
-            path: (pristine / path).read_text() if (pristine / path).is_file() else None
-            for path in paths
-        },
-    )
+    return rewrites_of(patches, pristine_texts(layout, paths))
 
 
 def rewrites_of(
