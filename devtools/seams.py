@@ -163,9 +163,19 @@ def check_tree(tree: Path, label: str) -> list[str]:
     return problems
 
 
-# torch.nn.Module's own (a model's parameters, buffers and submodules as torch
-# keeps them), not a release's.
-TORCH_PRIVATE = frozenset({"_parameters", "_buffers", "_modules", "_make_subclass"})
+# torch's own, not a release's: torch.nn.Module's (a model's parameters,
+# buffers and submodules as torch keeps them), and torch.distributed's (a
+# group's collective timeout, which no public call gives).
+TORCH_PRIVATE = frozenset(
+    {
+        "_parameters",
+        "_buffers",
+        "_modules",
+        "_make_subclass",
+        "_get_backend",
+        "_timeout",
+    }
+)
 # Upstream private state a shared module still reads directly: upstream's
 # RWLock does not wake the readers queued behind a writer whose wait was
 # cancelled (a fix for utils/aio_rwlock.py is due). Only shrinks, to none.

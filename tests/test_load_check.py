@@ -105,6 +105,54 @@ def test_a_loader_that_needs_data_is_reported_not_refused():
     assert note is not None and "could not be checked" in note
 
 
+class AssignsFromLoaded(torch.nn.Module):
+    """A loader in the style of MLA models': it computes from a loaded
+    tensor and assigns the result to the model (an attribute, a buffer, a
+    parameter, a submodule), then may fail where real data is needed."""
+
+    def __init__(self, then_needs_data: bool):
+        super().__init__()
+        self.attn = torch.nn.Linear(4, 4, bias=False)
+        self.attn.w_scale = torch.ones(1)
+        self.attn.register_buffer("w_kc", torch.zeros(4, 4))
+        self.then_needs_data = then_needs_data
+
+    def load_weights(self, weights):
+        for _, w in weights:
+            self.attn.w_scale = w.float().abs().amax().reshape(1)
+            self.attn.w_kc = w.t().contiguous()
+            self.attn.w_vc = w.clone()
+            self.attn.weight = torch.nn.Parameter(w, requires_grad=False)
+            self.attn.proj = torch.nn.Linear(4, 4, device="meta")
+            if self.then_needs_data:
+                w.sum().item()
+
+
+def identities(model: torch.nn.Module) -> dict:
+    """Every module's attributes and the entries of its parameter, buffer and
+    submodule stores, as object identities."""
+    state = {}
+    for module_name, module in model.named_modules():
+        for key, value in vars(module).items():
+            state[(module_name, key)] = id(value)
+            if key in ("_parameters", "_buffers", "_modules"):
+                for entry, item in value.items():
+                    state[(module_name, key, entry)] = id(item)
+    return state
+
+
+@pytest.mark.parametrize("then_needs_data", [False, True])
+def test_what_the_loader_assigns_to_the_model_is_undone(then_needs_data):
+    model = AssignsFromLoaded(then_needs_data)
+    before = identities(model)
+    check_loadable(model, specs(("attn.weight", torch.float32, [4, 4])))
+    assert identities(model) == before
+    assert not hasattr(model.attn, "w_vc") and not hasattr(model.attn, "proj")
+    live = [*model.parameters(), *model.buffers(), model.attn.w_scale]
+    assert all(t.device.type == "cpu" for t in live)
+    assert torch.equal(model.attn.w_scale, torch.ones(1))
+
+
 def write_safetensors_header(path: Path, shapes: dict) -> None:
     header = {
         n: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]}

@@ -14,6 +14,8 @@ import multiprocessing as mp
 import os
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 import torch
@@ -88,20 +90,27 @@ def wait_until(condition, what: str, deadline_s: float = 30.0) -> None:
         time.sleep(0.01)
 
 
-@pytest.fixture
-def group():
-    """The trainer and this process's engine rank (1) in one gloo group."""
+@contextmanager
+def joined_group(timeout: float) -> Iterator[tuple]:
+    """The trainer and this process's engine rank (1) in one gloo group,
+    whose collectives time out after `timeout` seconds on the engine."""
     port, name = free_port(), f"abort_{free_port()}"
     trainer = Trainer(port, name)
     try:
         store = rendezvous_store("127.0.0.1", port, 2, 1, 60)
         engine = new_update_group(
-            store, 2, 1, group_name=name, backend="gloo", timeout=60
+            store, 2, 1, group_name=name, backend="gloo", timeout=timeout
         )
         assert trainer.done.get(timeout=60) == "joined"
         yield trainer, engine
     finally:
         trainer.close()
+
+
+@pytest.fixture
+def group():
+    with joined_group(timeout=60) as both:
+        yield both
 
 
 def test_an_abort_before_the_first_receive_is_posted_gives_the_group_up(group):
@@ -152,3 +161,17 @@ def test_an_abort_between_buckets_gives_the_group_up(group):
     receiver.start()
     trainer.send(1)
     assert receiver.abort(10) is False
+
+
+def test_a_sender_that_sends_nothing_fails_the_receive_at_the_group_timeout():
+    """The trainer joined, then sends nothing (it hangs, or prepared and
+    died with its store still up): the receive ends by itself at the group's
+    timeout, saying so, as on NCCL (which gives up just before it: NCCL's
+    watchdog would end the server), and the group is given up."""
+    with joined_group(timeout=3) as (_, engine):
+        receiver = receiver_on(engine, 1)
+        receiver.start()
+        assert receiver.wait(60), "the receive outlived the group's 3 s timeout"
+        assert "nothing from the sender after" in receiver.error, receiver.error
+        assert "update group's timeout" in receiver.error, receiver.error
+        assert receiver.abort(10) is False

@@ -11,12 +11,12 @@ every bucket on every TP rank, and only then applies, copying shadow into
 live in one step between two batches: a failed, short or corrupted update
 leaves the old weights serving.
 
-The same on every release: what differs between releases (where the update
-groups live, the scheduler's request sockets, a weight-update session of the
-release's own, which models the update loads into) is asked of
-`SchedulerTwoPhaseUpdateHooks`, which each release's series provides in
-scheduler_two_phase_update_hooks.py; so is whether this rank records the
-sync's metrics (weight_sync/sync_metrics.py, with --enable-metrics).
+What reads the scheduler's internals is asked of
+`SchedulerTwoPhaseUpdateHooks` (scheduler_two_phase_update_hooks.py):
+where the update groups live, its request sockets, its own weight-update
+session, which models the update loads into.
+So is whether this rank records the sync's metrics
+(weight_sync/sync_metrics.py, with --enable-metrics).
 """
 
 from __future__ import annotations

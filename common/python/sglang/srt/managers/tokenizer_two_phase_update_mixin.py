@@ -7,10 +7,10 @@ after `/pause_generation` in `in_place` mode; the weights never change during
 a forward pass. `drain=true` gives upstream's `update_weights_from_distributed`
 semantics instead (in-flight requests finish first, new ones wait).
 
-With data parallelism every replica verifies before any applies. The same on
-every release: what differs (the communicators to the schedulers, which
-servers cannot take the update) is asked of `TokenizerTwoPhaseUpdateHooks`,
-which each release's series provides in tokenizer_two_phase_update_hooks.py.
+With data parallelism every replica verifies before any applies. What
+reads the tokenizer manager's internals (the communicators to the schedulers,
+which servers cannot take the update) is asked of
+`TokenizerTwoPhaseUpdateHooks` (tokenizer_two_phase_update_hooks.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
-"""The seam between the two-phase weight update's release-independent mixins
-(scheduler_two_phase_update_mixin, tokenizer_two_phase_update_mixin: the
-same on every release) and the SGLang release they run in.
+"""The seam between the two-phase weight update's mixins
+(scheduler_two_phase_update_mixin, tokenizer_two_phase_update_mixin) and the
+scheduler and tokenizer manager they extend.
 
-Each release's series provides `SchedulerTwoPhaseUpdateHooks` and
-`TokenizerTwoPhaseUpdateHooks` (scheduler_two_phase_update_hooks.py,
-tokenizer_two_phase_update_hooks.py), which the mixins subclass. What the
-hooks must define is declared here, as Protocols: every method, on every
-release (the series' tooling checks each release's hooks against them). The
+`SchedulerTwoPhaseUpdateHooks` and `TokenizerTwoPhaseUpdateHooks`
+(scheduler_two_phase_update_hooks.py, tokenizer_two_phase_update_hooks.py),
+which the mixins subclass, hold what reads the managers' internals. What the
+hooks must define is declared here, as Protocols: every method. The
 mixins read nothing else of the scheduler and the tokenizer manager but the
 public members declared beside them, and no private state of upstream's
 but through a hook.

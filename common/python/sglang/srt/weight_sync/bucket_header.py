@@ -8,7 +8,7 @@ group, which stays usable: an abort the sender asks for costs no group
 re-initialisation. The tag (63 bits of the session id's SHA-256) tells a
 receiver that what follows belongs to its own session.
 
-Imports only torch: the trainer library vendors this module.
+Imports only torch, so a sender can frame its buckets without SGLang.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
-HEADER_MAGIC = 0x726C73796E6301  # "rlsync", version 1
+HEADER_MAGIC = 0x726C73796E6301  # the format's version in the low byte: 1
 HEADER_WORDS = 4
 DATA = 1
 ABORT = 2

@@ -7,6 +7,7 @@ same loader first on meta tensors of the declared names, dtypes and shapes,
 with every parameter swapped for a meta stand-in carrying the same attributes
 (its `weight_loader`, shard dimensions, ...): whatever the loader would reject
 during the apply, it rejects here, and nothing real is read or written.
+Whatever the loader assigns to the module tree meanwhile is undone.
 
 A loader may also accept a wrong shape silently (a sharded loader narrows
 an oversized tensor to its shard), so tensors named as in the served
@@ -52,15 +53,32 @@ class LoadCheckError(ValueError):
         self.field = field
 
 
+# Where a module keeps its parameters, buffers and submodules (in its __dict__).
+_MODULE_STORES = ("_parameters", "_buffers", "_modules")
+
+
 @contextmanager
-def _parameters_on_meta(model: torch.nn.Module) -> Iterator[None]:
+def _loader_sandbox(model: torch.nn.Module) -> Iterator[None]:
     """Swap every parameter for a meta stand-in (shared parameters stay
-    shared); the very same objects are back afterwards, whatever happened."""
+    shared), and afterwards, whatever happened, put back every module's
+    attributes, parameters, buffers and submodules as they were, the very
+    same objects.
+
+    The loader runs on the live module tree, and some loaders assign what
+    they compute from a loaded tensor (a scale, a transposed copy) to a module
+    attribute: left in place, that meta tensor would serve. State changed in
+    place inside an object (a list appended to) is not undone; a tensor's
+    in-place write fails on meta tensors.
+    """
+    saved: List[Tuple[torch.nn.Module, Dict[str, object], Dict[str, dict]]] = []
+    for module in model.modules():
+        attributes = dict(module.__dict__)
+        stores = {store: dict(attributes[store]) for store in _MODULE_STORES}
+        saved.append((module, attributes, stores))
     stand_ins: Dict[int, torch.nn.Parameter] = {}
-    swapped: List[Tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
     try:
-        for module in model.modules():
-            for name, param in list(module._parameters.items()):
+        for module, _, stores in saved:
+            for name, param in stores["_parameters"].items():
                 if param is None:
                     continue
                 stand_in = stand_ins.get(id(param))
@@ -71,12 +89,16 @@ def _parameters_on_meta(model: torch.nn.Module) -> Iterator[None]:
                     )
                     stand_in.__dict__.update(param.__dict__)
                     stand_ins[id(param)] = stand_in
-                swapped.append((module, name, param))
                 module._parameters[name] = stand_in
         yield
     finally:
-        for module, name, param in swapped:
-            module._parameters[name] = param
+        for module, attributes, stores in saved:
+            for added in module.__dict__.keys() - attributes.keys():
+                del module.__dict__[added]
+            module.__dict__.update(attributes)
+            for store, entries in stores.items():
+                attributes[store].clear()
+                attributes[store].update(entries)
 
 
 def _floating_only(model: torch.nn.Module) -> bool:
@@ -115,7 +137,7 @@ def check_loadable(
             yield name, torch.empty(shape, dtype=dtype, device="meta")
 
     try:
-        with _parameters_on_meta(model), torch.no_grad():
+        with _loader_sandbox(model), torch.no_grad():
             model.load_weights(meta_weights())
     except Exception as e:
         index = max(position[0], 0)

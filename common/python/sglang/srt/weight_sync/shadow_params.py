@@ -78,8 +78,8 @@ _TREE_SLOTS = {
 
 
 class ShadowParameters:
-    """A shadow of every parameter of `models` (a served model and, where the
-    release has them, draft models), their loaders running on clones."""
+    """A shadow of every parameter of `models` (a served model and, with
+    speculative decoding, its draft models), their loaders running on clones."""
 
     def __init__(self, models: Sequence[torch.nn.Module], placement: str = "device"):
         assert placement in PLACEMENTS, placement

@@ -49,6 +49,10 @@ _ABORT_POLL = timedelta(seconds=0.2)
 # is posted only once it is read.
 _CUDA_POLL_S = 0.0005
 _CUDA_HEADER_POLL_S = 0.00005
+# NCCL's watchdog ends the process when a collective outlives its group's
+# timeout: a receive on NCCL gives up this long before (a quarter of the
+# timeout when that is less) and aborts the group.
+_NCCL_GIVE_UP_MARGIN_S = 10.0
 _DTYPES: Dict[str, torch.dtype] = {
     name: dtype
     for name, dtype in vars(torch).items()
@@ -197,7 +201,7 @@ def check_digest_format(digest: Any, where: str, nbytes: Optional[int] = None) -
         found = digest.split(":")[0] if isinstance(digest, str) else None
         hint = (
             f"; digest algorithm {found!r} is not accepted by this server (it "
-            f"checks {DIGEST_ALGORITHM} only: upgrade rlsync on the trainer)"
+            f"checks {DIGEST_ALGORITHM} only: the sender must digest with it)"
             if found and found != DIGEST_ALGORITHM and ":" in digest
             else ""
         )
@@ -217,6 +221,15 @@ def check_digest_format(digest: Any, where: str, nbytes: Optional[int] = None) -
 
 # Bucket buffers: bucket k+1 arrives while bucket k is loaded.
 RING_BUCKETS = 2
+
+
+def group_timeout(group: dist.ProcessGroup, device: torch.device) -> Optional[float]:
+    """The timeout torch gives `group`'s collectives on `device`, in seconds
+    (None when this torch does not say)."""
+    try:
+        return group._get_backend(device).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):
+        return None
 
 
 class StagingPool:
@@ -312,6 +325,19 @@ class GroupReceiver:
         self._started = threading.Event()
         # Collectives posted and not finished; the group is unusable while any is.
         self.pending_works: List[dist.Work] = []
+        self._posted_at: Dict[int, float] = {}
+        # On NCCL a receive is never left posted: the group's destroy would
+        # wait for it forever, and its watchdog end the process at the group's
+        # timeout. Such a receive aborts the group, which ends it at once.
+        self._on_nccl = (
+            device.type == "cuda" and dist.get_backend(group) == dist.Backend.NCCL
+        )
+        timeout = group_timeout(group, device) if self._on_nccl else None
+        self._give_up_after = (
+            None
+            if timeout is None
+            else timeout - min(_NCCL_GIVE_UP_MARGIN_S, timeout / 4)
+        )
         self._header = (
             None
             if session_id is None
@@ -424,17 +450,24 @@ class GroupReceiver:
             return None
         work = dist.broadcast(tensor, src=self.src, group=self.group, async_op=True)
         self.pending_works.append(work)
+        self._posted_at[id(work)] = time.monotonic()
         return work
 
     def _wait(
         self, work: dist.Work, is_cuda: bool, closely_after: Optional[dist.Work] = None
     ) -> bool:
         """Wait for one posted receive, checking for an abort meanwhile (on
-        CUDA more often once `closely_after` has completed)."""
+        CUDA more often once `closely_after` has completed). A receive the
+        sender leaves unanswered fails at the group's timeout (on NCCL, just
+        before it, aborting the group)."""
+        posted_at = self._posted_at[id(work)]
         while True:
             if is_cuda:
                 if work.is_completed():
                     break
+                waited = time.monotonic() - posted_at
+                if self._give_up_after is not None and waited > self._give_up_after:
+                    return self._give_up_silent_group(waited)
                 close = closely_after is not None and closely_after.is_completed()
                 time.sleep(_CUDA_HEADER_POLL_S if close else _CUDA_POLL_S)
             else:
@@ -444,13 +477,36 @@ class GroupReceiver:
                 except RuntimeError as e:
                     if "timed out" not in str(e).lower():
                         raise
+                    if work.is_completed():  # the group's timeout, not the poll's
+                        waited = time.monotonic() - posted_at
+                        raise RuntimeError(
+                            f"nothing from the sender after {waited:.0f}s, the "
+                            f"update group's timeout: {str(e).splitlines()[0]}"
+                        ) from e
             if self._abort.is_set():
                 self.error = "aborted while waiting for bytes from the sender"
+                if self._on_nccl:
+                    self._abort_group()
                 return False
         if is_cuda:
             work.wait()
         self.pending_works.remove(work)
+        del self._posted_at[id(work)]
         return True
+
+    def _abort_group(self) -> None:
+        self.group.abort()
+        self.pending_works.clear()
+        self._posted_at.clear()
+
+    def _give_up_silent_group(self, waited: float) -> bool:
+        self._abort_group()
+        self.error = (
+            f"nothing from the sender after {waited:.0f}s, near the update "
+            f"group's timeout, past which NCCL would end this server: the "
+            f"group was aborted; initialise it again"
+        )
+        return False
 
 
 class RefusedSessionReceiver(GroupReceiver):

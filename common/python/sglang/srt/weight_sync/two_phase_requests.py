@@ -1,5 +1,5 @@
 """The two-phase weight update's requests and answers on the tokenizer and
-HTTP side, the same on every release: the prepare body parsed and checked
+HTTP side: the prepare body parsed and checked
 off the event loop, validation errors that name the field, the JSON answer,
 the message of a complete that ran out of time, and the writer lock taken
 before a deadline.

@@ -8,7 +8,8 @@ and the group init waits out its timeout with nothing said. Here, unless the
 user set the variable, each rank binds the group to the interface that routes
 to the master address: the network the trainer and the engines share.
 
-Standard library only: the trainer library carries a generated copy.
+Standard library only, so a trainer can bind its side of the group by the same
+rule without SGLang.
 """
 
 from __future__ import annotations
