@@ -309,7 +309,9 @@ def test_a_prepared_session_whose_trainer_died_keeps_the_worker_healthy(
     short_deadline_server, model_weights
 ):
     """prepare, then the trainer is gone: serving goes on, so health stays
-    200 past the deadline (a router would otherwise mark the worker dead)."""
+    200 past the deadline (a router would otherwise mark the worker dead),
+    and the receive, which nothing will answer, ends by itself at the update
+    group's timeout (the deadline, 3 s) instead of waiting for an abort."""
     server = short_deadline_server
     trainer = GlooTrainer([server.url], [1], group_name="stale_session")
     from rlsync.planner import plan_buckets
@@ -321,15 +323,22 @@ def test_a_prepared_session_whose_trainer_died_keeps_the_worker_healthy(
     assert [a for a in answers if a.at - t0 > 4.0], "no probe past the deadline"
     assert all(a.status == 200 for a in answers), answers
     generating_health(server)
-    # A complete asking to wait 100 s waits no longer than the operator's 3 s.
     waited = requests.post(
         server.url + "/complete_weights_update",
         json={"group_name": "stale_session", "timeout": 100},
         timeout=60,
     )
-    assert waited.status_code == 400
-    assert waited.json()["message"].startswith("timed out after 3s")
-    assert client.abort_weights_update(server.url, group_name="stale_session").success
+    assert waited.status_code == 400, waited.text
+    message = waited.json()["message"]
+    assert "nothing from the sender after 3s, the update group's timeout" in message
+    assert waited.json()["open_session_group"] is None
+    # The group was given up with the session: its name is free again.
+    destroyed = requests.post(
+        server.url + "/destroy_weights_update_group",
+        json={"group_name": "stale_session"},
+        timeout=30,
+    )
+    assert "no update group 'stale_session'" in destroyed.json()["message"]
     leave_update_group(trainer.group)
 
 
