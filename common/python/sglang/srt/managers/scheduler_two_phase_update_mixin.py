@@ -515,7 +515,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 awaits_abort_header=awaits_abort_header,
                 session_id=recv_req.session_id if awaits_abort_header else None,
             )
-        # Every rank accepted: the update runs in the release's session. An
+        # Every rank accepted: the update runs in the scheduler's session. An
         # ended session was not the last one of these groups any more.
         opened_on = set(getattr(receiver, "group_names", [recv_req.group_name]))
         for ended in (self._ended_sessions or {}).values():

@@ -225,8 +225,8 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
 
 
 def _replaced(obj: Any, **changes: Any) -> Any:
-    """A copy of a request or an answer with `changes` (dataclasses on some
-    releases, msgspec structs on others)."""
+    """A copy of a request or an answer with `changes` (a dataclass or a
+    msgspec struct)."""
     if dataclasses.is_dataclass(obj):
         return dataclasses.replace(obj, **changes)
     import msgspec

@@ -17,11 +17,11 @@ from typing import Any, Dict, List, Optional, Protocol
 
 
 class SchedulerTwoPhaseUpdateHooksProtocol(Protocol):
-    """What a release's `SchedulerTwoPhaseUpdateHooks` defines."""
+    """What `SchedulerTwoPhaseUpdateHooks` defines."""
 
     @property
     def _update_groups(self) -> Dict[str, Any]:
-        """The update groups by name (where the release keeps them)."""
+        """The update groups by name (where the scheduler keeps them)."""
 
     def _request_sockets(self) -> List[Any]:
         """The ZMQ sockets requests arrive on (none on ranks that get them
@@ -29,18 +29,18 @@ class SchedulerTwoPhaseUpdateHooksProtocol(Protocol):
         arrive."""
 
     def _refuse_beside_release_session(self) -> None:
-        """Raise WeightsUpdateError (409) while the release's own
+        """Raise WeightsUpdateError (409) while the scheduler's own
         weight-update session is open."""
 
     def _begin_release_session(self) -> None:
-        """Open the release's own weight-update session, if it has one."""
+        """Open the scheduler's own weight-update session, if it has one."""
 
     def _end_release_session(self) -> None:
         """Close it after the apply or an abort, if it is open."""
 
     def _record_applied_version(self, version: Optional[str]) -> None:
-        """Record the weight version an apply installed, where the release
-        keeps it on the scheduler (if it does)."""
+        """Record the weight version an apply installed, where the scheduler
+        keeps it (if it does)."""
 
     def _weight_sync_metrics_labels(self) -> Optional[Dict[str, str]]:
         """Labels of this rank's weight-sync metrics; None unless metrics are
@@ -48,12 +48,12 @@ class SchedulerTwoPhaseUpdateHooksProtocol(Protocol):
 
     def _staged_models(self) -> List[Any]:
         """The models an update loads into (the served one; a draft model
-        too where the release loads into both)."""
+        too where an update loads into both)."""
 
 
 class SchedulerMembers(Protocol):
-    """Public members of the release's scheduler the mixin reads: upstream's
-    own, or, where a release lacks one, added by its hooks."""
+    """Public members of the scheduler the mixin reads: its own, or, where it
+    lacks one, added by the hooks."""
 
     server_args: Any
     tp_rank: int
@@ -66,7 +66,7 @@ class SchedulerMembers(Protocol):
 
 
 class TokenizerTwoPhaseUpdateHooksProtocol(Protocol):
-    """What a release's `TokenizerTwoPhaseUpdateHooks` defines."""
+    """What `TokenizerTwoPhaseUpdateHooks` defines."""
 
     def _two_phase_unsupported(self) -> Optional[str]:
         """Why this server cannot take a two-phase update, or None."""
@@ -77,9 +77,9 @@ class TokenizerTwoPhaseUpdateHooksProtocol(Protocol):
 
 
 class TokenizerMembers(Protocol):
-    """Public members of the release's tokenizer manager the mixin reads:
-    upstream's own, and the communicators to the schedulers the release's
-    series adds (by its hooks, or by upstream's communicator specs)."""
+    """Public members of the tokenizer manager the mixin reads: its own, and
+    the communicators to the schedulers the two-phase update adds (by the
+    hooks, or by the tokenizer manager's communicator specs)."""
 
     server_args: Any
     model_update_lock: Any

@@ -1,7 +1,7 @@
-"""What SGLang 0.5.10's scheduler provides the two-phase weight update
-(scheduler_two_phase_update_mixin, the same on every release): where the
+"""What the scheduler provides the two-phase weight update
+(scheduler_two_phase_update_mixin): where the
 update groups live, the sockets an idle scheduler waits on, and the models an
-update loads into. This release has no weight-update session of its
+update loads into. The scheduler has no weight-update session of its
 own, so there is nothing to open, close or refuse beside one.
 """
 
@@ -28,7 +28,7 @@ class SchedulerTwoPhaseUpdateHooks:
         return [socket for socket in sockets if socket is not None]
 
     def _refuse_beside_release_session(self: Scheduler) -> None:
-        """Nothing to refuse: this release has no session of its own."""
+        """Nothing to refuse: the scheduler has no session of its own."""
 
     def _begin_release_session(self: Scheduler) -> None:
         """Nothing to open."""

@@ -1,5 +1,5 @@
-"""What SGLang 0.5.10's tokenizer manager provides the two-phase weight
-update (tokenizer_two_phase_update_mixin, the same on every release): its
+"""What the tokenizer manager provides the two-phase weight
+update (tokenizer_two_phase_update_mixin): its
 communicators to the schedulers, and which servers cannot take the update.
 """
 

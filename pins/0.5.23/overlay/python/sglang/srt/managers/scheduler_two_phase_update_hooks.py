@@ -1,5 +1,5 @@
-"""What SGLang 0.5.23's scheduler provides the two-phase weight update
-(scheduler_two_phase_update_mixin, the same on every release).
+"""What the scheduler provides the two-phase weight update
+(scheduler_two_phase_update_mixin).
 
 A two-phase update runs inside upstream's weight-update session: `prepare`
 begins it (once every rank has accepted the update), `complete` ends it after

@@ -1,5 +1,5 @@
-"""What SGLang 0.5.23's tokenizer manager provides the two-phase weight
-update (tokenizer_two_phase_update_mixin, the same on every release). Its
+"""What the tokenizer manager provides the two-phase weight
+update (tokenizer_two_phase_update_mixin). Its
 communicators come from the declarative specs of tokenizer_control_mixin
 (_COMMUNICATOR_SPECS).
 """
