@@ -153,6 +153,54 @@ def test_what_the_loader_assigns_to_the_model_is_undone(then_needs_data):
     assert torch.equal(model.attn.w_scale, torch.ones(1))
 
 
+@pytest.mark.parametrize(
+    "needs_data",
+    [
+        lambda w: w.numpy(),
+        lambda w: torch.unique(w),
+        lambda w: w[w > 0],
+        lambda w: w.sum().item(),
+    ],
+    ids=["numpy", "unique", "mask", "item"],
+)
+def test_every_way_torch_says_it_needs_data_is_reported_not_refused(needs_data):
+    class NeedsData(Tiny):
+        def load_weights(self, weights):
+            for _, w in weights:
+                needs_data(w)
+
+    note = check_loadable(NeedsData(), specs(("norm", torch.float32, [4])))
+    assert note is not None and "could not be checked" in note
+
+
+class OwnLoaderParameter(torch.nn.Parameter):
+    """A parameter class whose own method loads it, as SGLang's do."""
+
+    def load(self, w: torch.Tensor) -> None:
+        if self.shape != w.shape:
+            raise ValueError(f"shape {list(w.shape)} is not {list(self.shape)}")
+        self.data.copy_(w)
+
+
+class LoadsThroughTheParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = OwnLoaderParameter(torch.zeros(2, 3), requires_grad=False)
+
+    def load_weights(self, weights):
+        for name, w in weights:
+            getattr(self, name).load(w)
+
+
+def test_a_parameter_class_s_own_loader_runs_on_its_stand_in():
+    model = LoadsThroughTheParameter()
+    assert check_loadable(model, specs(("w", torch.float32, [2, 3]))) is None
+    with pytest.raises(LoadCheckError) as err:
+        check_loadable(model, specs(("w", torch.float32, [3, 2])))
+    assert "shape [3, 2] is not [2, 3]" in str(err.value)
+    assert type(model.w) is OwnLoaderParameter and model.w.device.type == "cpu"
+
+
 def write_safetensors_header(path: Path, shapes: dict) -> None:
     header = {
         n: {"dtype": "BF16", "shape": s, "data_offsets": [0, 0]}

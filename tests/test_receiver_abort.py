@@ -175,3 +175,30 @@ def test_a_sender_that_sends_nothing_fails_the_receive_at_the_group_timeout():
         assert "nothing from the sender after" in receiver.error, receiver.error
         assert "update group's timeout" in receiver.error, receiver.error
         assert receiver.abort(10) is False
+
+
+class CompletesDuringThePoll:
+    """A gloo receive whose bytes land just as a poll of it times out."""
+
+    def __init__(self):
+        self.polled = False
+
+    def wait(self, timeout=None):
+        if timeout is not None and not self.polled:
+            self.polled = True
+            raise RuntimeError("Operation timed out!")
+
+    def is_completed(self):
+        return self.polled
+
+
+def test_bytes_that_land_as_a_poll_times_out_are_a_received_bucket(group):
+    """The poll's own timeout, then the receive is found complete: that is
+    its bytes arriving, not the group's timeout."""
+    _, engine = group
+    receiver = receiver_on(engine, 1)
+    work = CompletesDuringThePoll()
+    receiver.pending_works.append(work)
+    receiver._posted_at[id(work)] = time.monotonic()
+    assert receiver._wait(work, is_cuda=False) is True
+    assert not receiver.pending_works and receiver.error is None

@@ -23,6 +23,7 @@ import functools
 import json
 import logging
 import os
+import re
 import struct
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
@@ -31,13 +32,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# Errors that say the loader needed real data, not that the update is wrong.
-_META_LIMITS = (
-    "out of meta tensor",
-    "on meta tensors",
-    "'Meta' backend",
-    "data-dependent",
-)
+# Errors that say the loader needed real data, not that the update is wrong
+# (torch words them many ways: "Meta tensors", "meta device", "data-dependent").
+_META_LIMITS = re.compile(r"\bmeta\b|data-(in)?dependent", re.IGNORECASE)
 # Raw bytes of these dtypes cannot be reinterpreted as a tensor, or cannot be
 # loaded into a model whose parameters are all floating point.
 _NEVER_LOADABLE = (torch.qint8, torch.quint8, torch.qint32, torch.quint4x2)
@@ -83,9 +80,12 @@ def _loader_sandbox(model: torch.nn.Module) -> Iterator[None]:
                     continue
                 stand_in = stand_ins.get(id(param))
                 if stand_in is None:
-                    stand_in = torch.nn.Parameter(
+                    # The same class: a loader may call the parameter's own
+                    # methods (weight_loader on SGLang's parameter classes).
+                    stand_in = torch.Tensor._make_subclass(
+                        type(param),
                         torch.empty_like(param, device="meta"),
-                        requires_grad=param.requires_grad,
+                        param.requires_grad,
                     )
                     stand_in.__dict__.update(param.__dict__)
                     stand_ins[id(param)] = stand_in
@@ -142,7 +142,7 @@ def check_loadable(
     except Exception as e:
         index = max(position[0], 0)
         message = f"{type(e).__name__}: {e}"
-        if any(limit in message for limit in _META_LIMITS):
+        if _META_LIMITS.search(message):
             note = (
                 f"the model's loader could not be checked without data "
                 f"({message.splitlines()[0]})"

@@ -141,7 +141,9 @@ def parse_buckets(
             )
         unknown = set(bucket) - {"names", "dtypes", "shapes", "digest"}
         if unknown:
-            raise WeightsUpdateError(f"{where}: unknown field(s) {sorted(unknown)}")
+            raise WeightsUpdateError(
+                f"{where}: unknown field(s) {sorted(map(str, unknown))}"
+            )
         lists = {}
         for key in ("names", "dtypes", "shapes"):
             if not isinstance(bucket.get(key), list):
@@ -477,12 +479,9 @@ class GroupReceiver:
                 except RuntimeError as e:
                     if "timed out" not in str(e).lower():
                         raise
-                    if work.is_completed():  # the group's timeout, not the poll's
-                        waited = time.monotonic() - posted_at
-                        raise RuntimeError(
-                            f"nothing from the sender after {waited:.0f}s, the "
-                            f"update group's timeout: {str(e).splitlines()[0]}"
-                        ) from e
+                    if work.is_completed():  # between the poll and now
+                        self._raise_if_failed(work, posted_at)
+                        break
             if self._abort.is_set():
                 self.error = "aborted while waiting for bytes from the sender"
                 if self._on_nccl:
@@ -493,6 +492,20 @@ class GroupReceiver:
         self.pending_works.remove(work)
         del self._posted_at[id(work)]
         return True
+
+    def _raise_if_failed(self, work: dist.Work, posted_at: float) -> None:
+        """A completed receive's own outcome: its bytes arrived, or it failed
+        (at the group's timeout: nothing came from the sender)."""
+        try:
+            work.wait()
+        except RuntimeError as e:
+            if "timed out" not in str(e).lower():
+                raise
+            waited = time.monotonic() - posted_at
+            raise RuntimeError(
+                f"nothing from the sender after {waited:.0f}s, the update "
+                f"group's timeout: {str(e).splitlines()[0]}"
+            ) from e
 
     def _abort_group(self) -> None:
         self.group.abort()
