@@ -91,6 +91,35 @@ def test_the_loader_writes_the_copy_and_apply_copies_it_in_place():
     assert {n: p.data_ptr() for n, p in model.named_parameters()} == addresses
 
 
+class ScaledLM(TinyLM):
+    """A layer scalar kept as a persistent buffer and read from the
+    checkpoint like a parameter (as some models' loaders do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fused.register_buffer("layer_scalar", torch.ones(1))
+
+    def load_weights(self, weights):
+        tensors = dict(self.named_parameters())
+        tensors.update(self.named_buffers())
+        for name, tensor in weights:
+            tensors[name].data.copy_(tensor)
+
+
+def test_a_buffer_the_loader_writes_changes_only_at_the_apply():
+    model = ScaledLM()
+    live = model.fused.layer_scalar
+    shadow = shadow_params.ShadowParameters([model])
+    shadow.begin()
+    shadow.load([("fused.layer_scalar", torch.full((1,), 3.0))])
+    assert live.item() == 1.0, "the update reached the served model before the apply"
+    shadow.apply()
+    assert model.fused.layer_scalar is live and live.item() == 3.0
+    shadow.begin()  # an update that is then discarded
+    shadow.load([("fused.layer_scalar", torch.full((1,), 5.0))])
+    assert live.item() == 3.0
+
+
 def test_each_update_starts_from_the_live_weights():
     """A partial update after another path changed the live weights keeps
     those changes for everything it does not name."""
@@ -125,7 +154,7 @@ class Replacing(TinyLM):
     [
         ("parameter", "replaced parameter .weight. of Linear"),
         ("attribute", "set attribute 'derived' of Linear"),
-        ("storage", "replaced a parameter's storage"),
+        ("storage", "replaced a tensor's storage"),
     ],
 )
 def test_a_loader_that_replaces_instead_of_writing_is_refused(how, named):

@@ -3,13 +3,15 @@
 The two-phase weight update stages what each rank keeps, not the whole
 update: every bucket that arrives is handed to the model's own
 `load_weights`, which writes it into a shadow copy of this rank's parameters
-(same shapes, dtypes, sharding and loader attributes), never into the live
-ones. The apply then copies shadow into live, parameter by parameter, between
-two batches; live storage keeps its addresses, so CUDA graphs stay valid.
+and buffers (same shapes, dtypes, sharding and loader attributes), never into
+the live ones. The apply then copies shadow into live, tensor by tensor,
+between two batches; live storage keeps its addresses, so CUDA graphs stay
+valid.
 
 The loader runs on a clone of the model's module tree: every module is a
-shallow copy of the live one whose parameters are the shadows and whose
-children are the clones (a module or parameter shared in the live model is
+shallow copy of the live one whose parameters and buffers are the shadows
+(some loaders write buffers too, e.g. a layer's scalar read from the
+checkpoint) and whose children are the clones (a module or parameter shared in the live model is
 shared in the clone, so tied weights stay tied). Everything the loader does
 on a disk load happens the same way: fused q/k/v and gate/up, vocabulary
 shards, name mapping, experts, only into other storage. The live model is
@@ -35,24 +37,25 @@ class ShadowLoadError(RuntimeError):
     """The loader did something a staged update cannot reproduce."""
 
 
-def _distinct_parameters(
-    models: Sequence[torch.nn.Module],
-) -> List[torch.nn.Parameter]:
-    seen: Dict[int, torch.nn.Parameter] = {}
+def _distinct_tensors(models: Sequence[torch.nn.Module]) -> List[torch.Tensor]:
+    """Every parameter and buffer of `models`, shared ones once."""
+    seen: Dict[int, torch.Tensor] = {}
     for model in models:
         for module in model.modules():
-            for param in module._parameters.values():
-                if param is not None:
-                    seen.setdefault(id(param), param)
+            for slot in (module._parameters, module._buffers):
+                for tensor in slot.values():
+                    if tensor is not None:
+                        seen.setdefault(id(tensor), tensor)
     return list(seen.values())
 
 
 def parameter_bytes(models: Sequence[torch.nn.Module]) -> int:
-    """Bytes a shadow of these models' parameters takes (shared ones once)."""
-    return sum(p.numel() * p.element_size() for p in _distinct_parameters(models))
+    """Bytes a shadow of these models' parameters and buffers takes (shared
+    ones once)."""
+    return sum(t.numel() * t.element_size() for t in _distinct_tensors(models))
 
 
-def _shadow_of(live: torch.nn.Parameter, placement: str) -> torch.nn.Parameter:
+def _shadow_of(live: torch.Tensor, placement: str) -> torch.Tensor:
     if placement == "host":
         data = torch.empty(
             live.shape,
@@ -84,8 +87,8 @@ class ShadowParameters:
     def __init__(self, models: Sequence[torch.nn.Module], placement: str = "device"):
         assert placement in PLACEMENTS, placement
         self.placement = placement
-        self._live = _distinct_parameters(models)
-        self._shadows: Dict[int, torch.nn.Parameter] = {
+        self._live = _distinct_tensors(models)
+        self._shadows: Dict[int, torch.Tensor] = {
             id(p): _shadow_of(p, placement) for p in self._live
         }
         self._addresses = {id(p): s.data_ptr() for p, s in self._pairs()}
@@ -94,7 +97,7 @@ class ShadowParameters:
         # (live module, its clone, the clone's attributes as cloned)
         self._cloned: List[Tuple[torch.nn.Module, torch.nn.Module, Dict]] = []
 
-    def _pairs(self) -> Iterable[Tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+    def _pairs(self) -> Iterable[Tuple[torch.Tensor, torch.Tensor]]:
         return ((live, self._shadows[id(live)]) for live in self._live)
 
     @property
@@ -102,14 +105,16 @@ class ShadowParameters:
         return sum(p.numel() * p.element_size() for p in self._live)
 
     def matches(self, models: Sequence[torch.nn.Module]) -> bool:
-        """Still a shadow of exactly these models' parameters."""
+        """Still a shadow of exactly these models' parameters and buffers."""
         if len(models) != len(self._models) or any(
             a is not b for a, b in zip(models, self._models)
         ):
             return False
-        live = _distinct_parameters(models)
+        live = _distinct_tensors(models)
         return len(live) == len(self._live) and all(
-            a is b and self._shadows[id(a)].shape == a.shape
+            a is b
+            and self._shadows[id(a)].shape == a.shape
+            and self._shadows[id(a)].dtype == a.dtype
             for a, b in zip(live, self._live)
         )
 
@@ -129,7 +134,10 @@ class ShadowParameters:
                 name: None if p is None else self._shadows[id(p)]
                 for name, p in module._parameters.items()
             }
-            copy.__dict__["_buffers"] = dict(module._buffers)
+            copy.__dict__["_buffers"] = {
+                name: None if b is None else self._shadows[id(b)]
+                for name, b in module._buffers.items()
+            }
             copy.__dict__["_modules"] = {
                 name: None if child is None else clone(child)
                 for name, child in module._modules.items()
@@ -145,7 +153,7 @@ class ShadowParameters:
 
     def _check_clones_untouched(self) -> None:
         """Fail naming what the loader replaced instead of writing into: the
-        apply copies parameter bytes only, so such a change would be lost."""
+        apply copies tensor bytes only, so such a change would be lost."""
         for live, copy, cloned in self._cloned:
             where = type(live).__name__
             for key in cloned.keys() | copy.__dict__.keys():
@@ -172,7 +180,7 @@ class ShadowParameters:
         for live, shadow in self._pairs():
             if shadow.data_ptr() != self._addresses[id(live)]:
                 raise ShadowLoadError(
-                    "the model's loader replaced a parameter's storage instead "
+                    "the model's loader replaced a tensor's storage instead "
                     "of writing into it; a staged update cannot apply that"
                 )
 
@@ -205,7 +213,7 @@ class ShadowParameters:
         for live, shadow in self._pairs():
             if shadow.shape != live.shape or shadow.dtype != live.dtype:
                 return (
-                    f"a staged parameter is {shadow.dtype} {list(shadow.shape)}, "
+                    f"a staged tensor is {shadow.dtype} {list(shadow.shape)}, "
                     f"its live one {live.dtype} {list(live.shape)}"
                 )
         return None

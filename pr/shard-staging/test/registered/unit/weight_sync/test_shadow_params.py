@@ -100,6 +100,21 @@ class MisbehavingModel(TinyModel):
                 qkv.weight.data = torch.zeros(Q + 2 * KV, HIDDEN)
 
 
+class ScaledModel(TinyModel):
+    """A layer scalar kept as a persistent buffer and loaded from the
+    checkpoint like a parameter, as some models' loaders do."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+    def load_weights(self, weights):
+        tensors = dict(self.named_parameters())
+        tensors.update(self.named_buffers())
+        for name, tensor in weights:
+            default_weight_loader(tensors[name], tensor)
+
+
 def snapshot(model):
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -157,6 +172,17 @@ class TestShadowParameters(CustomTestCase):
         self.assertEqual(self.shadow.nbytes, embed_bytes + qkv_bytes)
         self.assertEqual(parameter_bytes([self.model]), embed_bytes + qkv_bytes)
 
+    def test_a_buffer_the_loader_writes_changes_only_at_the_apply(self):
+        model = ScaledModel()
+        live = model.layer_scalar
+        shadow = ShadowParameters([model])
+        shadow.begin()
+        shadow.load([("layer_scalar", torch.full((1,), 3.0))])
+        self.assertEqual(live.item(), 1.0)
+        shadow.apply()
+        self.assertIs(model.layer_scalar, live)
+        self.assertEqual(live.item(), 3.0)
+
     def test_a_draft_model_sharing_the_embedding_stages_it_once(self):
         draft = TinyModel()
         draft.embed, draft.lm_head = self.model.embed, self.model.lm_head
@@ -196,7 +222,7 @@ class TestShadowParameters(CustomTestCase):
         for what, named in (
             ("replace_parameter", "parameter 'weight' of QKVLinear"),
             ("derive_attribute", "attribute 'derived' of QKVLinear"),
-            ("replace_storage", "replaced a parameter's storage"),
+            ("replace_storage", "replaced a tensor's storage"),
         ):
             with self.subTest(what):
                 shadow.begin()
