@@ -164,14 +164,16 @@ def check_tree(tree: Path, label: str) -> list[str]:
 
 
 # torch's own, not a release's: torch.nn.Module's (a model's parameters,
-# buffers and submodules as torch keeps them), and torch.distributed's (a
-# group's collective timeout, which no public call gives).
+# buffers, which of them a checkpoint holds, and submodules as torch keeps
+# them), and torch.distributed's (a group's collective timeout, which no
+# public call gives).
 TORCH_PRIVATE = frozenset(
     {
         "_parameters",
         "_buffers",
         "_modules",
         "_make_subclass",
+        "_non_persistent_buffers_set",
         "_get_backend",
         "_timeout",
     }

@@ -98,6 +98,7 @@ class ScaledLM(TinyLM):
     def __init__(self):
         super().__init__()
         self.fused.register_buffer("layer_scalar", torch.ones(1))
+        self.fused.register_buffer("cache", torch.zeros(64), persistent=False)
 
     def load_weights(self, weights):
         tensors = dict(self.named_parameters())
@@ -115,6 +116,8 @@ def test_a_buffer_the_loader_writes_changes_only_at_the_apply():
     assert live.item() == 1.0, "the update reached the served model before the apply"
     shadow.apply()
     assert model.fused.layer_scalar is live and live.item() == 3.0
+    # A cache no checkpoint holds is not staged (nor counted).
+    assert shadow.nbytes == shadow_params.parameter_bytes([TinyLM()]) + 4
     shadow.begin()  # an update that is then discarded
     shadow.load([("fused.layer_scalar", torch.full((1,), 5.0))])
     assert live.item() == 3.0

@@ -3,15 +3,16 @@
 The two-phase weight update stages what each rank keeps, not the whole
 update: every bucket that arrives is handed to the model's own
 `load_weights`, which writes it into a shadow copy of this rank's parameters
-and buffers (same shapes, dtypes, sharding and loader attributes), never into
-the live ones. The apply then copies shadow into live, tensor by tensor,
+and persistent buffers (same shapes, dtypes, sharding and loader attributes),
+never into the live ones. The apply then copies shadow into live, tensor by tensor,
 between two batches; live storage keeps its addresses, so CUDA graphs stay
 valid.
 
 The loader runs on a clone of the model's module tree: every module is a
-shallow copy of the live one whose parameters and buffers are the shadows
-(some loaders write buffers too, e.g. a layer's scalar read from the
-checkpoint) and whose children are the clones (a module or parameter shared in the live model is
+shallow copy of the live one whose parameters and persistent buffers are
+the shadows (some loaders write buffers too, e.g. a layer's scalar read from
+the checkpoint; caches such as rotary tables stay shared) and whose children
+are the clones (a module or parameter shared in the live model is
 shared in the clone, so tied weights stay tied). Everything the loader does
 on a disk load happens the same way: fused q/k/v and gate/up, vocabulary
 shards, name mapping, experts, only into other storage. The live model is
@@ -37,21 +38,29 @@ class ShadowLoadError(RuntimeError):
     """The loader did something a staged update cannot reproduce."""
 
 
+def _persistent_buffers(module: torch.nn.Module) -> Iterable[torch.Tensor]:
+    """The buffers a checkpoint holds (not caches such as rotary tables)."""
+    for name, buffer in module._buffers.items():
+        if buffer is not None and name not in module._non_persistent_buffers_set:
+            yield buffer
+
+
 def _distinct_tensors(models: Sequence[torch.nn.Module]) -> List[torch.Tensor]:
-    """Every parameter and buffer of `models`, shared ones once."""
+    """Every parameter and persistent buffer of `models`, shared ones once."""
     seen: Dict[int, torch.Tensor] = {}
     for model in models:
         for module in model.modules():
-            for slot in (module._parameters, module._buffers):
-                for tensor in slot.values():
-                    if tensor is not None:
-                        seen.setdefault(id(tensor), tensor)
+            for param in module._parameters.values():
+                if param is not None:
+                    seen.setdefault(id(param), param)
+            for buffer in _persistent_buffers(module):
+                seen.setdefault(id(buffer), buffer)
     return list(seen.values())
 
 
 def parameter_bytes(models: Sequence[torch.nn.Module]) -> int:
-    """Bytes a shadow of these models' parameters and buffers takes (shared
-    ones once)."""
+    """Bytes a shadow of these models' parameters and persistent buffers
+    takes (shared ones once)."""
     return sum(t.numel() * t.element_size() for t in _distinct_tensors(models))
 
 
@@ -135,7 +144,7 @@ class ShadowParameters:
                 for name, p in module._parameters.items()
             }
             copy.__dict__["_buffers"] = {
-                name: None if b is None else self._shadows[id(b)]
+                name: None if b is None else self._shadows.get(id(b), b)
                 for name, b in module._buffers.items()
             }
             copy.__dict__["_modules"] = {
