@@ -11,8 +11,9 @@ rank 0 (the trainer) never sends: it stays silent, or exits.
                   group's abort(), or its abort() then destroy
   receiver cases  rank 1 receives with the server's StagedWeightReceiver
                   (loaded by path): it must end by itself before the timeout
-                  (silent, exited), or when aborted while blocked; then the
-                  group is destroyed as the scheduler destroys a lost group
+                  (silent, exited), when aborted while blocked, or when its
+                  sink fails with the next bucket posted; then the group is
+                  destroyed as the scheduler destroys a lost group
 
 Afterwards rank 1 runs an all-reduce on a fresh NCCL group and stays up past
 the timeout. Records for each case what rank 1 saw, whether it survived, and
@@ -44,6 +45,7 @@ CASES = {
     "receiver_silent": ("silent", "receiver"),
     "receiver_exited": ("exit", "receiver"),
     "receiver_aborted_while_blocked": ("silent", "receiver_abort"),
+    "receiver_sink_fails_with_a_bucket_posted": ("one_bucket", "receiver_sink_fails"),
 }
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,7 +69,13 @@ def give_up(group, how: str) -> str:
     return "ProcessGroup.abort"
 
 
-def receive_with_the_server_receiver(group, timeout: float, abort: bool, t0: float):
+def failing_sink(named) -> None:
+    raise RuntimeError("the loader refused the bucket")
+
+
+def receive_with_the_server_receiver(
+    group, timeout: float, abort: bool, t0: float, sink_fails: bool = False
+):
     """The server's receiver, as a prepared session runs it; then the
     scheduler's destroy of a group the receive left unusable."""
     import importlib.util
@@ -81,11 +89,18 @@ def receive_with_the_server_receiver(group, timeout: float, abort: bool, t0: flo
     gpu_sync = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu_sync)
     sr = gpu_sync.load_receiver_module()
-    meta = [{"names": ["w"], "dtypes": ["uint8"], "shapes": [[1 << 20]]}]
-    buckets = sr.parse_buckets(1, meta, "flattened_bucket")
+    meta = [
+        {"names": [f"w{i}"], "dtypes": ["uint8"], "shapes": [[1 << 20]]}
+        for i in range(2)
+    ]
+    buckets = sr.parse_buckets(2, meta, "flattened_bucket")
     pool = sr.StagingPool(torch.device("cuda", 1))
     rx = sr.StagedWeightReceiver(
-        buckets, group, pool, "flattened_bucket", sink=lambda named: None
+        buckets,
+        group,
+        pool,
+        "flattened_bucket",
+        sink=failing_sink if sink_fails else (lambda named: None),
     )
     events = [("gives up after (s)", rx._give_up_after)]
     rx.start()
@@ -129,11 +144,23 @@ def rank_main(rank: int, case: str, timeout: float, port: int, report) -> None:
         if sender == "exit":
             time.sleep(1.0)
             os._exit(0)
+        if sender == "one_bucket":  # bucket 0 of 2, then silence
+            time.sleep(1.0)
+            dist.broadcast(
+                torch.zeros(1 << 20, dtype=torch.uint8, device="cuda"),
+                src=0,
+                group=group,
+            )
+            torch.cuda.synchronize()
         time.sleep(timeout * 3)
         os._exit(0)
     if engine.startswith("receiver"):
         events = receive_with_the_server_receiver(
-            group, timeout, engine == "receiver_abort", t0
+            group,
+            timeout,
+            engine == "receiver_abort",
+            t0,
+            sink_fails=engine == "receiver_sink_fails",
         )
         work = None
     else:

@@ -90,8 +90,9 @@ _TREE_SLOTS = {
 
 
 class ShadowParameters:
-    """A shadow of every parameter of `models` (a served model and, with
-    speculative decoding, its draft models), their loaders running on clones."""
+    """A shadow of every parameter and persistent buffer of `models` (a served
+    model and, with speculative decoding, its draft models), their loaders
+    running on clones."""
 
     def __init__(self, models: Sequence[torch.nn.Module], placement: str = "device"):
         assert placement in PLACEMENTS, placement

@@ -22,6 +22,7 @@ slice of the same region.
 
 from __future__ import annotations
 
+import logging
 import re
 import threading
 import time
@@ -40,6 +41,8 @@ from sglang.srt.weight_sync.digest import (
     PSUM_PRIME,
     digest_bytes,
 )
+
+logger = logging.getLogger(__name__)
 
 LOAD_FORMATS = (None, "flattened_bucket")
 # How often a waiting receiver checks for an abort.
@@ -330,11 +333,17 @@ class GroupReceiver:
         self._posted_at: Dict[int, float] = {}
         # On NCCL a receive is never left posted: the group's destroy would
         # wait for it forever, and its watchdog end the process at the group's
-        # timeout. Such a receive aborts the group, which ends it at once.
+        # timeout. A receive that ends with one posted (aborted, failed, or
+        # given up just before that timeout) aborts the group, which ends it.
         self._on_nccl = (
             device.type == "cuda" and dist.get_backend(group) == dist.Backend.NCCL
         )
         timeout = group_timeout(group, device) if self._on_nccl else None
+        if self._on_nccl and timeout is None:
+            logger.warning(
+                "weight update receive: the update group's timeout is unknown; "
+                "a silent sender will be caught by NCCL's watchdog"
+            )
         self._give_up_after = (
             None
             if timeout is None
@@ -422,6 +431,8 @@ class GroupReceiver:
         except Exception as e:  # reported by complete(), never raised here
             self.error = f"{type(e).__name__}: {e}"
         finally:
+            if self._on_nccl and self.pending_works:
+                self._abort_group()
             self._started.set()
             self.stats.receive_seconds = time.perf_counter() - t0
             self._done.set()
@@ -469,7 +480,12 @@ class GroupReceiver:
                     break
                 waited = time.monotonic() - posted_at
                 if self._give_up_after is not None and waited > self._give_up_after:
-                    return self._give_up_silent_group(waited)
+                    self.error = (
+                        f"nothing from the sender after {waited:.0f}s, near the "
+                        f"update group's timeout, past which NCCL would end this "
+                        f"server: the group was aborted; initialise it again"
+                    )
+                    return False
                 close = closely_after is not None and closely_after.is_completed()
                 time.sleep(_CUDA_HEADER_POLL_S if close else _CUDA_POLL_S)
             else:
@@ -484,8 +500,6 @@ class GroupReceiver:
                         break
             if self._abort.is_set():
                 self.error = "aborted while waiting for bytes from the sender"
-                if self._on_nccl:
-                    self._abort_group()
                 return False
         if is_cuda:
             work.wait()
@@ -511,15 +525,6 @@ class GroupReceiver:
         self.group.abort()
         self.pending_works.clear()
         self._posted_at.clear()
-
-    def _give_up_silent_group(self, waited: float) -> bool:
-        self._abort_group()
-        self.error = (
-            f"nothing from the sender after {waited:.0f}s, near the update "
-            f"group's timeout, past which NCCL would end this server: the "
-            f"group was aborted; initialise it again"
-        )
-        return False
 
 
 class RefusedSessionReceiver(GroupReceiver):
