@@ -185,3 +185,33 @@ def test_layers_post_processed_after_loading_are_named():
     model.fused.quant_method = Fp8LinearMethod()
     message = shadow_params.unsupported_post_processing([model])
     assert "'fused'" in message and "Fp8LinearMethod" in message
+def test_experts_re_laid_out_for_their_kernels_are_refused(monkeypatch):
+    """Unquantized fused experts serve in the checkpoint's layout only on
+    some kernels: flashinfer's TRT-LLM block layout, the interleaved SwiGLU
+    epilogue and aiter's shuffle re-lay them out after loading, so a staged
+    update, which copies the checkpoint's layout, would serve garbage."""
+
+    class UnquantizedFusedMoEMethod:
+        use_flashinfer_trtllm_moe = False
+
+    model = TinyLM()
+    model.fused.w13_weight = torch.nn.Parameter(torch.zeros(2, 4, 3))
+    model.fused.quant_method = UnquantizedFusedMoEMethod()
+    monkeypatch.delenv("SGLANG_USE_AITER", raising=False)
+    assert shadow_params.unsupported_post_processing([model]) is None
+
+    model.fused.quant_method.use_flashinfer_trtllm_moe = True
+    message = shadow_params.unsupported_post_processing([model])
+    assert "'fused'" in message and "TRT-LLM" in message, message
+    model.fused.quant_method = UnquantizedFusedMoEMethod()
+    model.fused.quant_method.w13_swiglu_interleaved = True
+    message = shadow_params.unsupported_post_processing([model])
+    assert "'fused'" in message and "interleaved" in message, message
+
+    model.fused.quant_method = UnquantizedFusedMoEMethod()
+    monkeypatch.setenv("SGLANG_USE_AITER", "1")
+    monkeypatch.setattr(torch.version, "hip", "6.4")
+    message = shadow_params.unsupported_post_processing([model])
+    assert "'fused'" in message and "aiter" in message, message
+
+

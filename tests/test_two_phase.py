@@ -347,6 +347,39 @@ def test_session_already_open_is_409_and_protocol_order(server_tp1, trainer_tp1)
     assert again.status_code == 409
 
 
+def test_a_two_phase_update_and_upstreams_weight_update_session_exclude_each_other(
+    server_tp1, trainer_tp1
+):
+    """Where the scheduler has a weight-update session of its own (0.5.21 and
+    later), a two-phase update never opens it: beginning it restores re-packed
+    layers' checkpoint layout on the model that keeps serving, and ending it
+    re-packs them. Neither runs beside the other, and neither leaves the other
+    blocked."""
+    url, group = server_tp1.url, trainer_tp1.group_name
+    payload = {"num_buckets": 1, "buckets": [GOOD], "group_name": group}
+    if not client.begin_weight_update(url):
+        pytest.skip("this release's scheduler has no weight-update session")
+    try:
+        resp = post(url, "/prepare_weights_update", payload)
+        assert resp.status_code == 409, resp.text
+        assert "(/begin_weight_update) is already open" in resp.json()["message"]
+    finally:
+        client.end_weight_update(url)
+    assert post(url, "/prepare_weights_update", payload).json()["status"] == "ready"
+    try:
+        begin = post(url, "/begin_weight_update", {}).json()
+        assert not begin["success"], begin
+        assert "a two-phase weight update is open" in begin["message"], begin
+        end = post(url, "/end_weight_update", {}).json()
+        assert not end["success"], end
+        assert "no weight-update session is open" in end["message"], end
+    finally:
+        resp = post(url, "/abort_weights_update", {"group_name": group})
+        assert resp.status_code == 200, resp.text
+    assert client.begin_weight_update(url)
+    client.end_weight_update(url)
+
+
 def test_verify_only_then_apply(server_tp1, trainer_tp1, model_weights):
     before = greedy(server_tp1.url)
     (result,) = update_two_phase(

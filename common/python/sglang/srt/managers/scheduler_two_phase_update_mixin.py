@@ -209,8 +209,6 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 self._two_phase_pool.release()
             self._two_phase_share_pools = None
             self._two_phase_shadow = None
-        if session is None or session.refused is None:
-            self._end_release_session()
         metrics = self._sync_metrics()
         if metrics is not None:
             metrics.session_open(False)
@@ -515,12 +513,12 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 awaits_abort_header=awaits_abort_header,
                 session_id=recv_req.session_id if awaits_abort_header else None,
             )
-        # Every rank accepted: the update runs in the scheduler's session. An
-        # ended session was not the last one of these groups any more.
+        # Every rank accepted. The live model keeps its serving layout until
+        # the apply.
+        # An ended session was not the last one of these groups any more.
         opened_on = set(getattr(receiver, "group_names", [recv_req.group_name]))
         for ended in (self._ended_sessions or {}).values():
             ended.groups_reused.update(set(ended.group_names) & opened_on)
-        self._begin_release_session()
         receiver.start()
         self._two_phase_session = _Session(
             recv_req.group_name,

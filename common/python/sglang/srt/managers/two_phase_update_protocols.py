@@ -29,14 +29,9 @@ class SchedulerTwoPhaseUpdateHooksProtocol(Protocol):
         arrive."""
 
     def _refuse_beside_release_session(self) -> None:
-        """Raise WeightsUpdateError (409) while the scheduler's own
-        weight-update session is open."""
-
-    def _begin_release_session(self) -> None:
-        """Open the scheduler's own weight-update session, if it has one."""
-
-    def _end_release_session(self) -> None:
-        """Close it after the apply or an abort, if it is open."""
+        """Raise WeightsUpdateError while the scheduler's own weight-update
+        session is open (409), or where the scheduler refuses to update this
+        model's weights in place (400)."""
 
     def _record_applied_version(self, version: Optional[str]) -> None:
         """Record the weight version an apply installed, where the scheduler

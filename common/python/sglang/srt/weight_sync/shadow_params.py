@@ -27,6 +27,7 @@ Imports only torch.
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
@@ -238,26 +239,50 @@ class ShadowParameters:
 
 
 def unsupported_post_processing(models: Sequence[torch.nn.Module]) -> Optional[str]:
-    """Why a staged update cannot be loaded like a disk load: a layer whose
-    weights are post-processed after loading (a quantization method's
-    `process_weights_after_loading`, a CPU backend's re-layout) would get the
-    checkpoint's layout. None when every layer loads its weights as they are."""
+    """Why a staged update cannot be applied by copying: a layer that serves
+    its weights in another layout than the checkpoint's (re-laid out after
+    loading: a quantization method's `process_weights_after_loading`, a
+    backend's kernels). The loader writes the checkpoint's layout into the
+    shadow and the apply copies it as it is, so such a layer would serve it.
+    None when every layer serves its weights as they were loaded."""
     for model in models:
         for name, module in model.named_modules():
-            method = getattr(module, "quant_method", None)
-            if method is not None and not type(method).__name__.startswith(
-                "Unquantized"
-            ):
+            relayout = _serving_relayout(module)
+            if relayout:
                 return (
-                    f"layer {name!r} uses {type(method).__name__}, whose weights "
-                    f"are post-processed after loading; a staged update does not "
-                    f"run that step, so it is refused (use "
+                    f"layer {name!r} {relayout}; a staged update would apply "
+                    f"the checkpoint's layout, so it is refused (use "
                     f"/update_weights_from_disk for this model)"
                 )
-            if getattr(module, "use_intel_amx_backend", False):
-                return (
-                    f"layer {name!r} keeps its weights re-laid out for the CPU's "
-                    f"AMX kernels; a staged update would load the checkpoint's "
-                    f"layout, so it is refused"
-                )
     return None
+
+
+def _serving_relayout(module: torch.nn.Module) -> Optional[str]:
+    """How this layer's weights are re-laid out for serving, or None. Only
+    unquantized layers qualify, and of those only the ones whose kernels
+    need no re-layout: fused experts lose that with flashinfer's TRT-LLM
+    block layout, the interleaved SwiGLU epilogue, aiter's shuffle and the
+    NPU's transpose."""
+    if getattr(module, "use_intel_amx_backend", False):
+        return "keeps its weights re-laid out for the CPU's AMX kernels"
+    method = getattr(module, "quant_method", None)
+    if method is None:
+        return None
+    kind = type(method).__name__
+    if not kind.startswith("Unquantized"):
+        return f"uses {kind}, whose weights are post-processed after loading"
+    if getattr(method, "use_flashinfer_trtllm_moe", False):
+        return f"uses {kind} with flashinfer's TRT-LLM kernels (a block layout)"
+    if getattr(method, "w13_swiglu_interleaved", False):
+        return f"uses {kind} with the gate and up rows interleaved"
+    experts = getattr(module, "w13_weight", None)
+    if isinstance(experts, torch.Tensor):
+        if torch.version.hip is not None and _aiter_enabled():
+            return f"uses {kind} on aiter, which shuffles the experts"
+        if experts.device.type == "npu":
+            return f"uses {kind} on an NPU, which transposes the experts"
+    return None
+
+
+def _aiter_enabled() -> bool:
+    return os.environ.get("SGLANG_USE_AITER", "").strip().lower() in ("1", "true")

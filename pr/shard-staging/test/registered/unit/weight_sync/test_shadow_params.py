@@ -1,7 +1,9 @@
 """Unit tests for the shadow parameters a staged weight update loads into — no
 server, no model download; a small model loads the way SGLang's models do."""
 
+import os
 import unittest
+from unittest import mock
 
 import torch
 from torch import nn
@@ -271,6 +273,25 @@ class TestShadowParameters(CustomTestCase):
         self.model.embed.use_intel_amx_backend = True
         self.assertIn("'embed'", unsupported_post_processing([self.model]))
 
+
+    def test_experts_re_laid_out_for_their_kernels_are_refused(self):
+        class UnquantizedFusedMoEMethod:
+            use_flashinfer_trtllm_moe = False
+
+        experts = self.model.qkv_proj
+        experts.w13_weight = torch.nn.Parameter(torch.zeros(2, 4, 3))
+        experts.quant_method = UnquantizedFusedMoEMethod()
+        with mock.patch.dict(os.environ, {"SGLANG_USE_AITER": "0"}):
+            self.assertIsNone(unsupported_post_processing([self.model]))
+            experts.quant_method.use_flashinfer_trtllm_moe = True
+            self.assertIn("TRT-LLM", unsupported_post_processing([self.model]))
+            experts.quant_method = UnquantizedFusedMoEMethod()
+            experts.quant_method.w13_swiglu_interleaved = True
+            self.assertIn("interleaved", unsupported_post_processing([self.model]))
+        experts.quant_method = UnquantizedFusedMoEMethod()
+        with mock.patch.dict(os.environ, {"SGLANG_USE_AITER": "1"}):
+            with mock.patch.object(torch.version, "hip", "6.4"):
+                self.assertIn("aiter", unsupported_post_processing([self.model]))
 
 if __name__ == "__main__":
     unittest.main()

@@ -30,12 +30,6 @@ class SchedulerTwoPhaseUpdateHooks:
     def _refuse_beside_release_session(self: Scheduler) -> None:
         """Nothing to refuse: the scheduler has no session of its own."""
 
-    def _begin_release_session(self: Scheduler) -> None:
-        """Nothing to open."""
-
-    def _end_release_session(self: Scheduler) -> None:
-        """Nothing to close."""
-
     def _staged_models(self: Scheduler) -> List[torch.nn.Module]:
         """The models an update loads into: the served one."""
         return [self.tp_worker.model_runner.model]

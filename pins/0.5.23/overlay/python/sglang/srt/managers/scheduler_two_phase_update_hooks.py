@@ -1,26 +1,26 @@
 """What the scheduler provides the two-phase weight update
 (scheduler_two_phase_update_mixin).
 
-A two-phase update runs inside upstream's weight-update session: `prepare`
-begins it (once every rank has accepted the update), `complete` ends it after
-the apply, and an abort or a discarded transfer ends it too. While it is open
-upstream's begin_weight_update is refused, and so are end_weight_update,
-re-initialising its group and a single-phase update on that group. The
-update groups live in the model runner's weight updater, and an update loads
-into every runner the weight updater selects (the target and a draft model).
+A two-phase update does not run inside upstream's weight-update session,
+which restores the checkpoint layout of re-packed layers on the live model:
+the model serves while the update arrives. While one is open
+begin_weight_update is refused, and with it a single-phase update; prepare is
+refused while that session is open, and where upstream refuses in-place
+updates (a weight cache shared with other engines, derived-weight caches).
+The update groups live in the model runner's weight updater, and an update
+loads into every runner the weight updater selects (the target and a draft
+model).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-import msgspec
 import torch
 import zmq
 
-from sglang.srt.managers.io_struct import (
-    BeginWeightUpdateReqInput,
-    EndWeightUpdateReqInput,
+from sglang.srt.model_executor.model_runner_components.weight_updater import (
+    _unsupported_derived_weight_cache_error,
 )
 from sglang.srt.runtime_context import get_observability, get_parallel, get_serving
 from sglang.srt.weight_sync.staged_receiver import WeightsUpdateError
@@ -57,18 +57,14 @@ class SchedulerTwoPhaseUpdateHooks:
                 "open; end it first",
                 status_code=409,
             )
-
-    def _begin_release_session(self: Scheduler) -> None:
-        self.weight_updater.begin_weight_update(BeginWeightUpdateReqInput())
-
-    def _end_release_session(self: Scheduler) -> None:
-        updater = self.weight_updater
-        if updater._session is not None:
-            # Nothing was loaded without the model's own loader: no post-load.
-            updater._session = msgspec.structs.replace(
-                updater._session, loaded_weights=True
-            )
-            updater.end_weight_update(EndWeightUpdateReqInput())
+        updater = self.tp_worker.model_runner.weight_updater
+        try:
+            updater._assert_weight_cache_inactive("a two-phase weight update")
+        except RuntimeError as e:
+            raise WeightsUpdateError(str(e)) from None
+        error = _unsupported_derived_weight_cache_error(updater.get_model())
+        if error is not None:
+            raise WeightsUpdateError(error)
 
     def _staged_models(self: Scheduler) -> List[torch.nn.Module]:
         """The models an update loads into: every runner the weight updater

@@ -371,6 +371,12 @@ class SchedulerWeightUpdaterManager:
                 message="a weight-update session is already open; "
                 "call end_weight_update() first",
             )
+        if getattr(self.scheduler, "_two_phase_session", None) is not None:
+            return BeginWeightUpdateReqOutput(
+                success=False,
+                message="a two-phase weight update is open; complete or abort "
+                "it first",
+            )
         for _, runner in self._select_runners(recv_req.selector):
             runner.weight_updater.begin_weight_update()
         self._session = _WeightUpdateSession(selector=recv_req.selector)
@@ -383,12 +389,6 @@ class SchedulerWeightUpdaterManager:
             return EndWeightUpdateReqOutput(
                 success=False,
                 message="no weight-update session is open; call begin_weight_update() first",
-            )
-        if getattr(self.scheduler, "_two_phase_session", None) is not None:
-            return EndWeightUpdateReqOutput(
-                success=False,
-                message="the weight-update session belongs to an open "
-                "two-phase update; complete or abort it instead",
             )
         run_post_load = not self._session.loaded_weights
         for _, runner in self._select_runners(self._session.selector):
