@@ -165,8 +165,8 @@ def check_tree(tree: Path, label: str) -> list[str]:
 
 # torch's own, not a release's: torch.nn.Module's (a model's parameters,
 # buffers, which of them a checkpoint holds, and submodules as torch keeps
-# them), and torch.distributed's (a group's collective timeout, which no
-# public call gives).
+# them), torch.distributed's (a group's collective timeout, which no
+# public call gives) and a tensor's version counter (whether it was written).
 TORCH_PRIVATE = frozenset(
     {
         "_parameters",
@@ -176,6 +176,7 @@ TORCH_PRIVATE = frozenset(
         "_non_persistent_buffers_set",
         "_get_backend",
         "_timeout",
+        "_version",
     }
 )
 # Upstream private state a shared module still reads directly: upstream's

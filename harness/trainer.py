@@ -140,6 +140,7 @@ def update_two_phase(
     weight_version: str | None = None,
     apply: bool = True,
     between_buckets=None,
+    flush_cache: bool | None = None,
 ) -> list[CompleteWeightsUpdateResponse]:
     """One `WeightSender.sync` over the trainer's group: prepare on every
     server, broadcast every bucket right after "ready" (no sleep), complete on
@@ -158,7 +159,11 @@ def update_two_phase(
             between_buckets(sent - 1)
 
     result = sender.sync(
-        named, weight_version=weight_version, apply=apply, progress=progress
+        named,
+        weight_version=weight_version,
+        apply=apply,
+        progress=progress,
+        flush_cache=flush_cache,
     )
     failed = [e for e in result.engines if not e.answered]
     if failed:

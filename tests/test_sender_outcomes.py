@@ -10,6 +10,7 @@ import concurrent.futures as cf
 import contextlib
 import logging
 import threading
+import time
 from typing import Iterator
 
 import pytest
@@ -92,6 +93,30 @@ def request_in_flight(url: str) -> Iterator[cf.Future]:
     finally:
         stop.set()
         streaming.result(timeout=60)
+        # A closed stream leaves its request running until the server
+        # notices; abort it and wait until nothing runs, so that what comes
+        # next (a cache flush, a reload from disk) meets an idle server.
+        abort = {"rid": "", "abort_all": True}
+        requests.post(url + "/abort_request", json=abort, timeout=30)
+        assert wait_for_no_running_request(url), "the long request kept running"
+
+
+def wait_for_no_running_request(url: str, timeout: float = 60.0) -> bool:
+    """Whether every scheduler reports no request running or waiting (its
+    own count: /get_load where the server has it, else /v1/loads) before
+    `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        resp = requests.get(url + "/get_load", timeout=30)
+        if resp.status_code == 404:
+            loads = requests.get(url + "/v1/loads", timeout=30).json()["loads"]
+            busy = [d["num_running_reqs"] + d["num_waiting_reqs"] for d in loads]
+        else:
+            busy = [d["num_reqs"] + d["num_waiting_reqs"] for d in resp.json()]
+        if not any(busy):
+            return True
+        time.sleep(0.1)
+    return False
 
 
 @pytest.mark.parametrize("atomic", [False, True])
@@ -293,3 +318,50 @@ def test_engine_outcome_success_is_a_deprecated_alias_of_answered(
     [outcome] = result.engines
     with pytest.warns(DeprecationWarning, match="answered"):
         assert outcome.success is outcome.answered is True
+
+
+def cached_tokens(url: str, text: str) -> int:
+    """The prompt tokens a one-token request of `text` took from the prefix
+    cache."""
+    body = {"text": text, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    resp = requests.post(url + "/generate", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    return resp.json()["meta_info"]["cached_tokens"]
+
+
+def test_no_request_after_a_sync_reuses_the_old_weights_kv_unless_it_had_to(
+    server_tp1, sender, model_weights
+):
+    """By default each engine flushes its prefix cache after the apply when
+    no request is in flight, so a request after the sync computes its prefix
+    on the new weights; with a request in flight (it cannot be flushed under
+    it) or with flush_cache=False the cache stays, and the answer says so."""
+    url = server_tp1.url
+    assert wait_for_no_running_request(url)
+    prompt = "A prefix cached under the weights of its time. " * 4
+    cached_tokens(url, prompt)
+    assert cached_tokens(url, prompt) > 0  # control: the prefix is cached
+
+    result = sender.sync(randomized(model_weights, 61), weight_version="flushed")
+    (answer,) = [engine.answer for engine in result.engines]
+    assert result.success and answer.applied and answer.cache_flushed, answer
+    assert "and flushed the cache" in answer.message
+    assert cached_tokens(url, prompt) == 0
+
+    result = sender.sync(model_weights, weight_version="kept", flush_cache=False)
+    (answer,) = [engine.answer for engine in result.engines]
+    assert result.success and answer.applied and not answer.cache_flushed, answer
+    assert cached_tokens(url, prompt) > 0
+
+    with request_in_flight(url) as streaming:
+        # Paused in place, the request stays in flight at the apply.
+        client.pause_generation(url, mode="in_place")
+        try:
+            result = sender.sync(randomized(model_weights, 62), weight_version="busy")
+        finally:
+            client.continue_generation(url)
+        assert not streaming.done(), "the request ended before the complete"
+    (answer,) = [engine.answer for engine in result.engines]
+    assert result.success and answer.applied and not answer.cache_flushed, answer
+    assert cached_tokens(url, prompt) > 0
+    sender.sync(model_weights, weight_version="restored")

@@ -185,6 +185,51 @@ def test_layers_post_processed_after_loading_are_named():
     model.fused.quant_method = Fp8LinearMethod()
     message = shadow_params.unsupported_post_processing([model])
     assert "'fused'" in message and "Fp8LinearMethod" in message
+
+
+def test_weights_the_loader_derives_into_attributes_change_only_at_the_apply():
+    """As MLA models' loaders do with w_kc/w_vc: tensors kept outside the
+    parameters, written in place from a loaded weight. The serving model's
+    must not change while the update arrives, nor at all if it fails; they
+    change at the apply. A tensor the loader leaves alone is not reverted at
+    the apply (serving may have written it meanwhile)."""
+
+    class Derives(TinyLM):
+        def __init__(self):
+            super().__init__()
+            self.w_kc = torch.zeros(4, 4)  # a plain attribute
+            self.register_buffer("scratch", torch.zeros(2), persistent=False)
+            self.state = torch.zeros(3)  # the loader never touches it
+
+        def load_weights(self, weights):
+            super().load_weights(weights)
+            with torch.no_grad():
+                self.w_kc.copy_(self.fused.weight * 2)  # bind_or_assign's way
+                self.scratch.add_(1)
+
+    model = Derives()
+    live_w_kc, live_scratch, live_state = model.w_kc, model.scratch, model.state
+    shadow = shadow_params.ShadowParameters([model])
+    shadow.begin()
+    new = torch.full((4, 4), 3.0)
+    shadow.load([("fused.weight", new)])
+    assert torch.equal(model.w_kc, torch.zeros(4, 4)), "written before the apply"
+    assert torch.equal(model.scratch, torch.zeros(2)), "written before the apply"
+    model.state.fill_(7.0)  # serving writes its own state meanwhile
+    assert shadow.check_appliable() is None
+    shadow.apply()
+    assert model.w_kc is live_w_kc and model.scratch is live_scratch
+    assert torch.equal(model.w_kc, new * 2) and torch.equal(
+        model.scratch, torch.ones(2)
+    )
+    assert model.state is live_state and torch.equal(model.state, torch.full((3,), 7.0))
+
+    # A discarded update (begun, loaded, never applied) leaves them as they were.
+    shadow.begin()
+    shadow.load([("fused.weight", torch.full((4, 4), 5.0))])
+    assert torch.equal(model.w_kc, new * 2)
+
+
 def test_experts_re_laid_out_for_their_kernels_are_refused(monkeypatch):
     """Unquantized fused experts serve in the checkpoint's layout only on
     some kernels: flashinfer's TRT-LLM block layout, the interleaved SwiGLU
@@ -213,5 +258,3 @@ def test_experts_re_laid_out_for_their_kernels_are_refused(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", "6.4")
     message = shadow_params.unsupported_post_processing([model])
     assert "'fused'" in message and "aiter" in message, message
-
-

@@ -343,8 +343,8 @@ def begin_weight_update(
 ) -> bool:
     """Open upstream's weight-update session (SGLang 0.5.23 and later), which
     its single-phase updates must run inside; False where the server has no
-    such session (0.5.10: nothing to open). The two-phase update opens and
-    closes it itself."""
+    such session (0.5.10: nothing to open). A two-phase update runs outside
+    it, and neither starts while the other is open."""
     try:
         call_ok(
             url,
@@ -620,7 +620,7 @@ def complete_weights_update(
     url: str,
     *,
     group_name: str = "weight_update_group",
-    flush_cache: bool = False,
+    flush_cache: Optional[bool] = None,
     weight_version: Optional[str] = None,
     apply: bool = True,
     wait_timeout: Optional[float] = None,
@@ -636,8 +636,11 @@ def complete_weights_update(
     applies unless `apply=False`. `digests`: one per bucket, in bucket order,
     after a prepare with `defer_digests` (the server applies nothing unless
     every bucket matches). `session_id`: prepare's; a complete naming a
-    session that is not the open one is a 409 that changes nothing. A failed
-    complete raises EngineError."""
+    session that is not the open one is a 409 that changes nothing.
+    `flush_cache`: by default the server flushes its prefix cache after the
+    apply if no request is in flight then (the answer's `cache_flushed` says
+    whether it did); True lets in-flight requests finish first, then
+    flushes; False keeps the cache. A failed complete raises EngineError."""
     request = CompleteWeightsUpdateRequest(
         group_name=group_name,
         flush_cache=flush_cache,

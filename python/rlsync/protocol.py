@@ -121,7 +121,9 @@ class PrepareWeightsUpdateResponse:
 @dataclass
 class CompleteWeightsUpdateRequest:
     group_name: str
-    flush_cache: bool = False
+    # None: the server flushes its prefix cache after the apply if no request
+    # is in flight then; True: in-flight requests finish first; False: kept
+    flush_cache: Optional[bool] = None
     weight_version: Optional[str] = None
     apply: bool = True  # False: wait and verify only
     timeout: Optional[float] = None  # server-side wait for the last bucket
@@ -155,6 +157,7 @@ class CompleteWeightsUpdateResponse:
     message: str = ""
     applied: bool = False
     ready_to_apply: bool = False
+    cache_flushed: bool = False  # the prefix cache was flushed after the apply
     weight_version: Optional[str] = None  # the served version, once applied
     session_id: Optional[str] = None  # the session completed or still open
     stats: dict[str, Any] = field(default_factory=dict)

@@ -829,15 +829,18 @@ class WeightSender:
         weight_version: Optional[str] = None,
         atomic: bool = False,
         progress: Union[bool, Progress] = False,
-        flush_cache: bool = False,
+        flush_cache: Optional[bool] = None,
         apply: bool = True,
     ) -> SyncResult:
         """Push `weights` (a module, a state dict or (name, tensor) pairs) to
         every engine. `atomic`: no engine applies until all have verified.
         `progress`: True for a bar over buckets, or a callable. `flush_cache`:
+        by default every engine applies in place and empties its prefix cache
+        if no request is in flight then (a request in flight finishes on the
+        new weights, and cached prefixes keep the old weights' KV); True:
         in-flight requests finish on the old weights, then every engine
         applies and empties its prefix cache, so no request reuses KV
-        computed under the old weights (default: apply in place).
+        computed under the old weights; False: the cache is kept.
         `apply=False`: every engine receives and verifies, keeps serving the
         old weights, and keeps its session open for a later
         `client.complete_weights_update` (apply) or `abort_weights_update`.
@@ -882,7 +885,7 @@ class WeightSender:
         weight_version: Optional[str] = None,
         atomic: bool = False,
         progress: Union[bool, Progress] = False,
-        flush_cache: bool = False,
+        flush_cache: Optional[bool] = None,
         apply: bool = True,
     ) -> SyncResult:
         """`sync` with bounded memory: `specs` (TensorSpecs or `(name, dtype,
@@ -915,7 +918,7 @@ class WeightSender:
         weight_version: Optional[str] = None,
         atomic: bool = False,
         progress: Union[bool, Progress] = False,
-        flush_cache: bool = False,
+        flush_cache: Optional[bool] = None,
         apply: bool = True,
     ) -> SyncResult:
         """`sync` in a worker thread: the event loop keeps running meanwhile."""
@@ -930,7 +933,7 @@ class WeightSender:
         weight_version: Optional[str] = None,
         atomic: bool = False,
         progress: Union[bool, Progress] = False,
-        flush_cache: bool = False,
+        flush_cache: Optional[bool] = None,
         apply: bool = True,
     ) -> SyncResult:
         """`sync_stream` in a worker thread: the event loop keeps running
@@ -961,7 +964,7 @@ class WeightSender:
         weight_version: Optional[str],
         atomic: bool,
         progress: Union[bool, Progress],
-        flush_cache: bool,
+        flush_cache: Optional[bool],
         apply: bool,
     ) -> SyncResult:
         """Every sync: prepare, broadcast (pulling `tensors` as the buckets
@@ -1090,7 +1093,7 @@ class WeightSender:
         *,
         weight_version: Optional[str],
         atomic: bool,
-        flush_cache: bool,
+        flush_cache: Optional[bool],
         apply: bool,
     ) -> SyncResult:
         """After every byte was sent: the verify round (`atomic`), then the

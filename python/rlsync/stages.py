@@ -78,7 +78,7 @@ class StageSender(WeightSender):
         weight_version: Optional[str] = None,
         atomic: bool = False,
         progress: Union[bool, Progress] = False,
-        flush_cache: bool = False,
+        flush_cache: Optional[bool] = None,
         apply: bool = True,
     ) -> SyncResult:
         """This stage's share of one update (no tensor in two stages'); a

@@ -757,10 +757,14 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 rank_results=_rank_summary(results),
             )
         session.verified = True
-        # 2. A cache flush needs an idle scheduler: check before applying.
-        if recv_req.flush_cache:
+        # 2. A cache flush needs an idle scheduler: check before applying. By
+        # default (None) flush only if no request is in flight on any rank.
+        flush = recv_req.flush_cache
+        if flush or (flush is None and recv_req.apply):
             busy = gather_from_tp_ranks(self, {"busy": not self.is_fully_idle()})
-            if any(r["busy"] for r in busy):
+            if flush is None:
+                flush = not any(r["busy"] for r in busy)
+            elif any(r["busy"] for r in busy):
                 if recv_req.drain:
                     # New requests wait in the tokenizer manager; let the
                     # in-flight ones finish, then try again.
@@ -811,18 +815,22 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 f"updated, reload them",
             }
         stats["apply_seconds"] = time.perf_counter() - t2
-        if recv_req.flush_cache and local["applied"] and not self.flush_cache():
-            local.update(
-                success=False,
-                reason=CACHE_FLUSH_ERROR,
-                message="applied, but the cache flush failed: cached prefixes "
-                "may still hold the old weights' KV; call /flush_cache",
-            )
         # What every rank did, the same answer on every rank: the weights
         # changed only if every rank applied, whatever this rank saw.
         results = gather_from_tp_ranks(self, local)
-        failed = [r for r in results if not r["success"]]
         applied = all(r["applied"] for r in results)
+        if flush and applied:
+            # Only once every rank applied, so that the ranks' caches agree.
+            if not self.flush_cache():
+                local.update(
+                    success=False,
+                    reason=CACHE_FLUSH_ERROR,
+                    message="applied, but the cache flush failed: cached "
+                    "prefixes may still hold the old weights' KV; call "
+                    "/flush_cache",
+                )
+            results = gather_from_tp_ranks(self, local)
+        failed = [r for r in results if not r["success"]]
         if applied:
             self._record_applied_version(
                 recv_req.weight_version or session.weight_version
@@ -840,11 +848,12 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 _apply_failure_message(results, self.tp_size)
                 if failed
                 else f"applied {num_received} buckets"
-                + (" and flushed the cache" if recv_req.flush_cache else "")
+                + (" and flushed the cache" if flush else "")
             ),
             status_code=500 if failed else 200,
             ready_to_apply=False,
             applied=applied,
+            cache_flushed=bool(flush) and not failed,
             weight_version=(
                 (recv_req.weight_version or session.weight_version) if applied else None
             ),

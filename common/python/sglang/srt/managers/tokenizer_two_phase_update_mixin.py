@@ -105,7 +105,7 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             return CompleteWeightsUpdateReqOutput(
                 success=False, message=unsupported, status_code=400
             )
-        drain = obj.flush_cache if obj.drain is None else obj.drain
+        drain = bool(obj.flush_cache) if obj.drain is None else obj.drain
         if obj.apply and obj.flush_cache and not drain:
             return CompleteWeightsUpdateReqOutput(
                 success=False,
@@ -247,6 +247,8 @@ def _merge_complete(
         message = "some DP replicas applied and others did not: " + first.message
     else:
         message = first.message
+    if not failed and len({r.cache_flushed for r in results}) > 1:
+        message += "; the cache was flushed only where no request was in flight"
     return _replaced(
         first,
         success=not failed,
@@ -254,6 +256,7 @@ def _merge_complete(
         num_buckets_received=min(r.num_buckets_received for r in results),
         ready_to_apply=all(r.ready_to_apply for r in results),
         applied=applied,
+        cache_flushed=all(r.cache_flushed for r in results),
         weight_version=first.weight_version if applied else None,
         session_open=any(r.session_open for r in results),
         session_id=next((r.session_id for r in results if r.session_id), None),

@@ -18,9 +18,15 @@ on a disk load happens the same way: fused q/k/v and gate/up, vocabulary
 shards, name mapping, experts, only into other storage. The live model is
 only read, so serving goes on meanwhile.
 
-A loader that replaces a module attribute or a parameter instead of writing
-into it (derived weights, re-layouts) cannot be staged this way: that is
-detected after every bucket and fails the update, naming the attribute.
+Tensors a module keeps outside its parameters and persistent buffers (a
+plain attribute, a non-persistent buffer) are the clone's own copies: some
+loaders derive weights into them in place (MLA models' `w_kc`/`w_vc`, from
+`kv_b_proj`), which must not reach the serving model before the apply. Those
+the loader wrote are copied into the live ones at the apply, the others are
+left alone (serving may keep state in them). A loader that replaces a module
+attribute or a parameter instead of writing into it (derived weights,
+re-layouts) cannot be staged this way: that is detected after every bucket
+and fails the update, naming the attribute.
 
 Imports only torch.
 """
@@ -107,6 +113,9 @@ class ShadowParameters:
         self._clones: List[torch.nn.Module] = []
         # (live module, its clone, the clone's attributes as cloned)
         self._cloned: List[Tuple[torch.nn.Module, torch.nn.Module, Dict]] = []
+        # (live tensor, the clone's copy, the copy's version when made)
+        self._derived: List[Tuple[torch.Tensor, torch.Tensor, int]] = []
+        self._derived_copies: Dict[int, torch.Tensor] = {}
 
     def _pairs(self) -> Iterable[Tuple[torch.Tensor, torch.Tensor]]:
         return ((live, self._shadows[id(live)]) for live in self._live)
@@ -141,12 +150,15 @@ class ShadowParameters:
             copy = object.__new__(type(module))
             copy.__dict__.update(module.__dict__)
             clones[id(module)] = copy
+            for key, value in module.__dict__.items():
+                if isinstance(value, torch.Tensor):
+                    copy.__dict__[key] = self._derived_copy(value)
             copy.__dict__["_parameters"] = {
                 name: None if p is None else self._shadows[id(p)]
                 for name, p in module._parameters.items()
             }
             copy.__dict__["_buffers"] = {
-                name: None if b is None else self._shadows.get(id(b), b)
+                name: None if b is None else self._buffer_of_clone(b)
                 for name, b in module._buffers.items()
             }
             copy.__dict__["_modules"] = {
@@ -161,6 +173,22 @@ class ShadowParameters:
             return copy
 
         return clone(model)
+
+    def _buffer_of_clone(self, live: torch.Tensor) -> torch.Tensor:
+        shadow = self._shadows.get(id(live))
+        return self._derived_copy(live) if shadow is None else shadow
+
+    def _derived_copy(self, live: torch.Tensor) -> torch.Tensor:
+        """The clone's own copy of a tensor outside the parameters and
+        persistent buffers (one per live tensor)."""
+        known = self._derived_copies.get(id(live))
+        if known is not None:
+            return known
+        with torch.no_grad():
+            copy = live.detach().clone()
+        self._derived_copies[id(live)] = copy
+        self._derived.append((live, copy, copy._version))
+        return copy
 
     def _check_clones_untouched(self) -> None:
         """Fail naming what the loader replaced instead of writing into: the
@@ -207,6 +235,7 @@ class ShadowParameters:
             # The loader may touch the host copy on the CPU: the copies first.
             torch.cuda.current_stream().synchronize()
         self._cloned = []
+        self._derived, self._derived_copies = [], {}
         self._clones = [self._clone_tree(model) for model in self._models]
 
     def load(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
@@ -218,10 +247,18 @@ class ShadowParameters:
                 clone.load_weights(iter(tensors))
         self._check_clones_untouched()
 
+    def _written_derived(self) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """The (live, copy) pairs of derived tensors the loader wrote."""
+        return [
+            (live, copy)
+            for live, copy, version in self._derived
+            if copy._version != version
+        ]
+
     def check_appliable(self) -> Optional[str]:
         """Why the apply could not copy every shadow into its live parameter
         (checked before the first copy), or None."""
-        for live, shadow in self._pairs():
+        for live, shadow in [*self._pairs(), *self._written_derived()]:
             if shadow.shape != live.shape or shadow.dtype != live.dtype:
                 return (
                     f"a staged tensor is {shadow.dtype} {list(shadow.shape)}, "
@@ -230,12 +267,18 @@ class ShadowParameters:
         return None
 
     def apply(self) -> None:
-        """Live = shadow, in place (the live storage keeps its address)."""
+        """Live = shadow, in place (the live storage keeps its address), and
+        every derived tensor the loader wrote."""
         with torch.no_grad():
             for live, shadow in self._pairs():
                 live.data.copy_(shadow, non_blocking=True)
+            for live, copy in self._written_derived():
+                live.data.copy_(copy, non_blocking=True)
         if any(p.is_cuda for p in self._live):
             torch.cuda.current_stream().synchronize()
+        # The clones and their copies are made afresh for the next update.
+        self._clones, self._cloned = [], []
+        self._derived, self._derived_copies = [], {}
 
 
 def unsupported_post_processing(models: Sequence[torch.nn.Module]) -> Optional[str]:

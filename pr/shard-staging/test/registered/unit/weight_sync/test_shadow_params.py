@@ -273,7 +273,6 @@ class TestShadowParameters(CustomTestCase):
         self.model.embed.use_intel_amx_backend = True
         self.assertIn("'embed'", unsupported_post_processing([self.model]))
 
-
     def test_experts_re_laid_out_for_their_kernels_are_refused(self):
         class UnquantizedFusedMoEMethod:
             use_flashinfer_trtllm_moe = False
@@ -292,6 +291,7 @@ class TestShadowParameters(CustomTestCase):
         with mock.patch.dict(os.environ, {"SGLANG_USE_AITER": "1"}):
             with mock.patch.object(torch.version, "hip", "6.4"):
                 self.assertIn("aiter", unsupported_post_processing([self.model]))
+
 
 if __name__ == "__main__":
     unittest.main()

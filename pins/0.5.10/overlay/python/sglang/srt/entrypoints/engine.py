@@ -934,7 +934,7 @@ class Engine(EngineScoreMixin, EngineBase):
     def complete_weights_update(
         self,
         group_name: str = "weight_update_group",
-        flush_cache: bool = False,
+        flush_cache: Optional[bool] = None,
         weight_version: Optional[str] = None,
         apply: bool = True,
         timeout: Optional[float] = None,

@@ -61,4 +61,9 @@ class TokenizerTwoPhaseUpdateHooks:
                 "--enable-dp-attention: the two-phase weight update does not "
                 "support attention data parallelism; nothing was done"
             )
+        if self.server_args.pp_size > 1:
+            return (
+                "--pp-size: the two-phase weight update does not support "
+                "pipeline parallelism; nothing was done"
+            )
         return None

@@ -2266,7 +2266,10 @@ class PrepareWeightsUpdateReqOutput(BaseReq, kw_only=True):
 
 class CompleteWeightsUpdateReqInput(BaseReq, kw_only=True):
     group_name: StrictStr = "weight_update_group"
-    flush_cache: StrictBool = False
+    # None: flush the prefix cache after the apply if no request is in
+    # flight then (nothing waits); True: let in-flight requests finish
+    # first (see drain), then flush; False: keep the cache
+    flush_cache: Optional[StrictBool] = None
     weight_version: Optional[StrictStr] = None
     # False: wait and verify only; a later complete applies, abort discards
     apply: StrictBool = True
@@ -2299,6 +2302,8 @@ class CompleteWeightsUpdateReqOutput(BaseReq, kw_only=True):
     status_code: int = 200
     ready_to_apply: bool = False
     applied: bool = False
+    # Whether the prefix cache was flushed after the apply
+    cache_flushed: bool = False
     # The version the served weights now have, when applied
     weight_version: Optional[str] = None
     # Whether a session is still open (verified, or waiting after a timeout)
