@@ -78,7 +78,9 @@ def stage_main(
         master_port=ports[rank],
         backend="gloo",
         bucket_bytes=BUCKET_BYTES,
-        timeout=60,
+        # Within the test's deadline; on the loaded 2-core CI machine a
+        # stage's join once took longer than 60 s (two groups, three ranks).
+        timeout=120,
     )
     try:
         sender.connect()
