@@ -388,6 +388,83 @@ def test_an_open_session_keeps_its_group(server_tp1, trainer_tp1, model_weights)
     assert aborted.status_code == 200
 
 
+# --- a memory release (the colocated RL step) and an open session ---------
+
+
+def release(url: str, endpoint: str, tags: list[str]) -> None:
+    resp = post(url, endpoint, {"tags": tags})
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_weights_release_aborts_the_open_session_and_prepare_waits_for_resume(
+    tp, server_tp1, server_tp2, model_weights
+):
+    """The staged copy and the apply read and write the served weights, so a
+    release of their memory may not run under an open session: it aborts
+    it, and no prepare stages against released weights until the resume."""
+    url = (server_tp1 if tp == 1 else server_tp2).url
+    before = checksum(url)
+    meta = [b.meta() for b in plan_buckets(model_weights, 1 << 20)]
+    group = f"released_{tp}_{free_port()}"
+    trainer = GlooTrainer([url], [tp], group_name=group)
+    released = False
+    try:
+        client.prepare_weights_update(url, meta, group_name=group)
+        release(url, "/release_memory_occupation", ["weights"])
+        released = True
+        assert no_session_open(url, group)
+        refused = post(
+            url,
+            "/prepare_weights_update",
+            {"group_name": group, "num_buckets": len(meta), "buckets": meta},
+        )
+        assert refused.status_code == 409, refused.text
+        assert "/release_memory_occupation" in refused.json()["message"]
+        release(url, "/resume_memory_occupation", ["weights"])
+        released = False
+        assert checksum(url) == before
+        generate(url, "serving again", timeout=30)
+    finally:
+        if released:
+            post(url, "/resume_memory_occupation", {"tags": ["weights"]})
+        trainer.close()
+    # The aborted receive may have cost the group: a new one syncs.
+    trainer = GlooTrainer([url], [tp], group_name=f"resumed_{tp}_{free_port()}")
+    try:
+        (result,) = update_two_phase(trainer, randomized(model_weights, seed=43))
+        assert result.success and result.applied, result
+        assert checksum(url) != before
+        update_two_phase(trainer, model_weights)
+        assert checksum(url) == before
+    finally:
+        trainer.close()
+
+
+def test_a_kv_cache_release_keeps_the_open_session(
+    server_tp1, trainer_tp1, model_weights
+):
+    url = server_tp1.url
+    before = checksum(url)
+    released_at: list[int] = []
+
+    def release_kv_cache_once(bucket: int) -> None:
+        if bucket == 0:
+            release(url, "/release_memory_occupation", ["kv_cache"])
+            release(url, "/resume_memory_occupation", ["kv_cache"])
+            released_at.append(bucket)
+
+    new = randomized(model_weights, seed=44)
+    (result,) = update_two_phase(
+        trainer_tp1, new, bucket_bytes=1 << 16, between_buckets=release_kv_cache_once
+    )
+    assert released_at == [0] and result.num_buckets_received > 1
+    assert result.success and result.applied, result
+    assert checksum(url) != before
+    update_two_phase(trainer_tp1, model_weights)
+    assert checksum(url) == before
+
+
 # --- an unknown group is an error for the caller, not the end of the server
 
 

@@ -189,6 +189,9 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     _abandoned_update_groups: Optional[List] = None
     _receive_idle_poller: Optional[zmq.Poller] = None
     _ended_sessions: Optional[OrderedDict] = None
+    # The served weights' memory is released (/release_memory_occupation):
+    # prepare is refused until it is resumed.
+    _two_phase_weights_released: bool = False
 
     def _end_two_phase_session(
         self: Scheduler, release: bool, outcome: str = APPLIED
@@ -412,6 +415,12 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                     status_code=409,
                 )
             self._refuse_beside_release_session()
+            if self._two_phase_weights_released:
+                raise WeightsUpdateError(
+                    "the served weights' memory is released "
+                    "(/release_memory_occupation); resume it first",
+                    status_code=409,
+                )
             if recv_req.session_id in (self._ended_sessions or {}):
                 raise WeightsUpdateError(
                     f"session_id: '{recv_req.session_id}' named an earlier "
@@ -942,6 +951,29 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             f"a weight update session is open on group '{session.group_name}' and "
             f"its apply would undo {operation}; complete or abort it first"
         )
+
+    def two_phase_before_memory_release(self: Scheduler, weights: bool) -> None:
+        """Before /release_memory_occupation frees GPU memory: give back the
+        staging kept for the next update and, where the served weights'
+        memory goes (`weights`), abort an open session, whose staged copy
+        and apply read and write them; prepare is then refused until they
+        are resumed."""
+        session = self._two_phase_session
+        if weights and session is not None:
+            self._discard_two_phase_session(session, ABORTED)
+            if self.tp_rank == 0:
+                logger.warning(
+                    f"Weight update session {session.session_id} on group(s) "
+                    f"{session.groups_text()} aborted: the served weights' "
+                    f"memory is being released; they are unchanged"
+                )
+        if self._two_phase_session is None:
+            self._end_two_phase_session(release=True)  # frees kept staging
+        self._two_phase_weights_released |= weights
+
+    def two_phase_weights_resumed(self: Scheduler) -> None:
+        """After /resume_memory_occupation gave the served weights back."""
+        self._two_phase_weights_released = False
 
     def abort_two_phase_session_on_group(
         self: Scheduler, group_name: str

@@ -62,6 +62,16 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             return PrepareWeightsUpdateReqOutput(
                 status="error", message=unsupported, status_code=400
             )
+        if self.server_args.enable_eplb:
+            # The rebalancer moves experts between slots of the served
+            # weights, which an apply staged against the old placement
+            # would undo.
+            return PrepareWeightsUpdateReqOutput(
+                status="error",
+                message="--enable-eplb: the two-phase weight update does not "
+                "support expert rebalancing; nothing was done",
+                status_code=400,
+            )
         if obj.session_id is None:
             # One id for every DP replica's session: unguessable, so a late
             # call from another trainer cannot name this session by chance.

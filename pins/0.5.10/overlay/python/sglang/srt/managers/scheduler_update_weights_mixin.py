@@ -182,6 +182,8 @@ class SchedulerUpdateWeightsMixin:
         if tags is None or len(tags) == 0:
             tags = GPU_MEMORY_ALL_TYPES
 
+        self.two_phase_before_memory_release(GPU_MEMORY_TYPE_WEIGHTS in tags)
+
         for tag in tags:
             self.offload_tags.add(tag)
 
@@ -225,6 +227,7 @@ class SchedulerUpdateWeightsMixin:
                 self.stashed_model_static_state,
             )
             del self.stashed_model_static_state
+            self.two_phase_weights_resumed()
 
         if GPU_MEMORY_TYPE_KV_CACHE in tags:
             self.memory_saver_adapter.resume(GPU_MEMORY_TYPE_KV_CACHE)

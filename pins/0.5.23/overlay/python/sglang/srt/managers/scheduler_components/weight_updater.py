@@ -408,6 +408,11 @@ class SchedulerWeightUpdaterManager:
         if tags is None or len(tags) == 0:
             tags = GPU_MEMORY_ALL_TYPES
 
+        if self.scheduler is not None:
+            self.scheduler.two_phase_before_memory_release(
+                GPU_MEMORY_TYPE_WEIGHTS in tags
+            )
+
         for tag in tags:
             self.offload_tags.add(tag)
 
@@ -464,6 +469,8 @@ class SchedulerWeightUpdaterManager:
                 self.stashed_model_static_state,
             )
             del self.stashed_model_static_state
+            if self.scheduler is not None:
+                self.scheduler.two_phase_weights_resumed()
 
         if GPU_MEMORY_TYPE_KV_CACHE in tags:
             self.memory_saver_adapter.resume(GPU_MEMORY_TYPE_KV_CACHE)
