@@ -44,6 +44,7 @@ PYTEST_ARGS ?=
 PIN_MARKS = $(if $(filter $(P),$(firstword $(PINS))),,-m "(server or per_pin) and not release_independent and not first_pin_only")
 
 .PHONY: help upstream worktree patches overlay check new-releases port port-export port-restamp rewrites \
+        rewrite-series \
         smoke support-matrix \
         check-releases \
         apply revert pr-branch \
@@ -75,6 +76,8 @@ help:
 	@echo "  [FROM=<release>]                starting from a nearer release's ports where it has none"
 	@echo "make port-export RELEASE=<v>    keep the patches that differ from the pin's as its port (pins/<pin>/releases/<v>/)"
 	@echo "make port-restamp [SINCE=<rev>] carry pin patches' new names and messages (since HEAD) into their ports"
+	@echo "make rewrite-series SCRIPT=<s>  carry a scripted code change (python SCRIPT TREE, idempotent) through every"
+	@echo "                                commit of every pin and port, then export patches, overlays and ports"
 	@echo "make smoke RELEASE=<version>    the release's server smoke in its pin's environment; kept in pins/release-smokes"
 	@echo "make support-matrix             regenerate docs/support-matrix.md's table of releases (pins/releases, pins/release-smokes)"
 	@echo "make pr-branch SGLANG_DIR=<git checkout> [AUTHOR=\"Name <mail>\"]"
@@ -106,6 +109,10 @@ port port-export:
 
 rewrites:
 	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) rewrites
+
+rewrite-series:
+	@test -n "$(SCRIPT)" || { echo "error: set SCRIPT=<script> (python SCRIPT TREE edits TREE)" >&2; exit 2; }
+	@$(DEVTOOLS) rewrite-series $(SCRIPT)
 
 port-restamp:
 	@$(DEVTOOLS) $(if $(PIN),--pin $(PIN)) port-restamp $(if $(SINCE),--since $(SINCE))

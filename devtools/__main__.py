@@ -24,6 +24,7 @@ from devtools import (
     pr_series,
     releases,
     restamp,
+    rewrite,
     rewrites,
     seams,
     series,
@@ -295,6 +296,41 @@ def cmd_port_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rewrite_series(args: argparse.Namespace) -> int:
+    script = Path(args.script).resolve()
+    if not script.is_file():
+        raise series.SeriesError(f"SCRIPT={args.script}: no such file")
+    root = _root(args)
+    pins = [series.Layout(root, v) for v in series.pin_versions(root)]
+    served = [
+        series.Layout(root, pin.version, release)
+        for pin in pins
+        for release in releases.adjusted(root, pin.version)
+    ]
+    # Every worktree from the series as committed, before anything changes.
+    for layout in pins:
+        series.make_worktree(layout)
+    for layout in served:
+        work, stopped = ports.make_port_worktree(layout)
+        if stopped:
+            raise series.SeriesError(
+                f"{work}: the committed port stops at {stopped}; make it first"
+            )
+    for layout in pins + served:
+        changed = rewrite.rewrite_worktree(layout.work_dir, script)
+        print(
+            f"{layout.work_dir.relative_to(root)}: "
+            f"{', '.join(changed) if changed else 'no commit'} changed"
+        )
+    for layout in pins:
+        series.export_patches(layout)
+        series.regenerate_overlay(layout)
+    for layout in served:
+        ports.export_port(layout)
+    print("exported every pin's patches and overlay, then every port")
+    return 0
+
+
 def cmd_rewrites(args: argparse.Namespace) -> int:
     for layout in _layouts(args):
         path = layout.pin_dir / rewrites.REWRITES_FILE
@@ -429,6 +465,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the revision whose series the ports were made from (default HEAD)",
     )
     p.set_defaults(fn=cmd_port_restamp)
+    p = sub.add_parser(
+        "rewrite-series",
+        help="carry a scripted code change through every commit of every pin "
+        "and port",
+    )
+    p.add_argument("script", help="python SCRIPT TREE edits TREE idempotently")
+    p.set_defaults(fn=cmd_rewrite_series)
     p = sub.add_parser("smoke-record", help="keep a release's smoke result")
     p.add_argument("--junit", required=True, help="pytest's JUnit XML of the smoke")
     p.add_argument("--environment", required=True, help="where it ran, in words")
