@@ -58,7 +58,7 @@ from sglang.srt.weight_sync.session_shares import (
 )
 from sglang.srt.weight_sync.shadow_params import (
     ShadowParameters,
-    parameter_bytes,
+    staged_copy_bytes,
     unsupported_post_processing,
 )
 from sglang.srt.weight_sync.staged_receiver import (
@@ -449,7 +449,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             unsupported = unsupported_post_processing(self._staged_models())
             if unsupported:
                 raise WeightsUpdateError(f"buckets: {unsupported}")
-            copy_bytes = parameter_bytes(self._staged_models())
+            copy_bytes = staged_copy_bytes(self._staged_models())
             self._check_staging_budget(copy_bytes, [s.buckets for s in shares])
             staging_bytes = copy_bytes + sum(ring_bytes(s.buckets) for s in shares)
             for k, share in enumerate(shares):

@@ -253,7 +253,7 @@ def _merge_complete(
     failed = [r for r in results if not r.success]
     first = failed[0] if failed else results[0]
     applied = all(r.applied for r in results)
-    if failed and any(r.applied for r in results):
+    if failed and any(r.applied for r in results) and not applied:
         message = "some DP replicas applied and others did not: " + first.message
     else:
         message = first.message

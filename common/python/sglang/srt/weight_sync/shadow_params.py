@@ -28,7 +28,7 @@ attribute or a parameter instead of writing into it (derived weights,
 re-layouts) cannot be staged this way: that is detected after every bucket
 and fails the update, naming the attribute.
 
-Imports only torch.
+Imports only torch and the standard library.
 """
 
 from __future__ import annotations
@@ -69,6 +69,25 @@ def parameter_bytes(models: Sequence[torch.nn.Module]) -> int:
     """Bytes a shadow of these models' parameters and persistent buffers
     takes (shared ones once)."""
     return sum(t.numel() * t.element_size() for t in _distinct_tensors(models))
+
+
+def staged_copy_bytes(models: Sequence[torch.nn.Module]) -> int:
+    """Bytes an update's staged copy of `models` takes: the shadow of their
+    parameters and persistent buffers, and the clones' own copies of the
+    tensors modules keep outside them (plain tensor attributes,
+    non-persistent buffers; shared ones once)."""
+    shadowed = {id(t) for t in _distinct_tensors(models)}
+    derived: Dict[int, torch.Tensor] = {}
+    for model in models:
+        for module in model.modules():
+            for value in module.__dict__.values():
+                if isinstance(value, torch.Tensor):
+                    derived.setdefault(id(value), value)
+            for buffer in module._buffers.values():
+                if buffer is not None and id(buffer) not in shadowed:
+                    derived.setdefault(id(buffer), buffer)
+    copies = sum(t.numel() * t.element_size() for t in derived.values())
+    return parameter_bytes(models) + copies
 
 
 def _shadow_of(live: torch.Tensor, placement: str) -> torch.Tensor:
@@ -113,9 +132,9 @@ class ShadowParameters:
         self._clones: List[torch.nn.Module] = []
         # (live module, its clone, the clone's attributes as cloned)
         self._cloned: List[Tuple[torch.nn.Module, torch.nn.Module, Dict]] = []
-        # (live tensor, the clone's copy, the copy's version when made)
-        self._derived: List[Tuple[torch.Tensor, torch.Tensor, int]] = []
-        self._derived_copies: Dict[int, torch.Tensor] = {}
+        # By the live tensor's id: (live tensor, the clone's copy, the
+        # copy's version when made)
+        self._derived: Dict[int, Tuple[torch.Tensor, torch.Tensor, int]] = {}
 
     def _pairs(self) -> Iterable[Tuple[torch.Tensor, torch.Tensor]]:
         return ((live, self._shadows[id(live)]) for live in self._live)
@@ -180,14 +199,14 @@ class ShadowParameters:
 
     def _derived_copy(self, live: torch.Tensor) -> torch.Tensor:
         """The clone's own copy of a tensor outside the parameters and
-        persistent buffers (one per live tensor)."""
-        known = self._derived_copies.get(id(live))
+        persistent buffers (one per live tensor), placed as the shadow."""
+        known = self._derived.get(id(live))
         if known is not None:
-            return known
+            return known[1]
         with torch.no_grad():
-            copy = live.detach().clone()
-        self._derived_copies[id(live)] = copy
-        self._derived.append((live, copy, copy._version))
+            copy = _shadow_of(live, self.placement)
+            copy.copy_(live)
+        self._derived[id(live)] = (live, copy, copy._version)
         return copy
 
     def _check_clones_untouched(self) -> None:
@@ -235,7 +254,7 @@ class ShadowParameters:
             # The loader may touch the host copy on the CPU: the copies first.
             torch.cuda.current_stream().synchronize()
         self._cloned = []
-        self._derived, self._derived_copies = [], {}
+        self._derived = {}
         self._clones = [self._clone_tree(model) for model in self._models]
 
     def load(self, named_tensors: Iterable[Tuple[str, torch.Tensor]]) -> None:
@@ -251,7 +270,7 @@ class ShadowParameters:
         """The (live, copy) pairs of derived tensors the loader wrote."""
         return [
             (live, copy)
-            for live, copy, version in self._derived
+            for live, copy, version in self._derived.values()
             if copy._version != version
         ]
 
@@ -278,7 +297,7 @@ class ShadowParameters:
             torch.cuda.current_stream().synchronize()
         # The clones and their copies are made afresh for the next update.
         self._clones, self._cloned = [], []
-        self._derived, self._derived_copies = [], {}
+        self._derived = {}
 
 
 def unsupported_post_processing(models: Sequence[torch.nn.Module]) -> Optional[str]:
