@@ -230,6 +230,29 @@ def test_weights_the_loader_derives_into_attributes_change_only_at_the_apply():
     assert torch.equal(model.w_kc, new * 2)
 
 
+def test_the_staged_copy_s_bytes_count_the_derived_copies_once():
+    """What prepare budgets and reports is what an update holds: the shadow
+    and the clones' copies of tensors kept outside the parameters (shared
+    ones once), each placed as the shadow is."""
+
+    class Derives(TinyLM):
+        def __init__(self):
+            super().__init__()
+            self.w_kc = torch.zeros(4, 4)
+            self.alias = self.w_kc  # the same tensor twice
+            self.register_buffer("scratch", torch.zeros(2), persistent=False)
+
+    model = Derives()
+    derived = (16 + 2) * 4
+    params = shadow_params.parameter_bytes([model])
+    assert shadow_params.staged_copy_bytes([model]) == params + derived
+    shadow = shadow_params.ShadowParameters([model], placement="host")
+    shadow.begin()
+    (clone,) = shadow._clones
+    assert clone.w_kc is clone.alias and clone.w_kc is not model.w_kc
+    assert clone.w_kc.device.type == "cpu" and clone.scratch.device.type == "cpu"
+
+
 def test_experts_re_laid_out_for_their_kernels_are_refused(monkeypatch):
     """Unquantized fused experts serve in the checkpoint's layout only on
     some kernels: flashinfer's TRT-LLM block layout, the interleaved SwiGLU
