@@ -21,7 +21,9 @@ from harness.trainer import GlooTrainer, update_two_phase
 from harness.weights import randomized
 from rlsync import client
 from rlsync.digest import digest_tensors
+from rlsync.engine import Engine
 from rlsync.planner import plan_buckets
+from rlsync.sender import SyncError, WeightSender, broadcast_buckets
 
 pool = cf.ThreadPoolExecutor(max_workers=8)
 
@@ -441,6 +443,51 @@ def test_a_weights_release_aborts_the_open_session_and_prepare_waits_for_resume(
         trainer.close()
 
 
+def test_a_weights_release_aborts_the_open_session_mid_transfer_and_the_sender_says_so(
+    server_tp1, model_weights
+):
+    """A release while the trainer's buckets are on the wire: the engine
+    drops its receive, so the trainer's next broadcast waits out the group's
+    timeout; the sync's error then says that the engine's session was
+    aborted by the release (not only that the broadcast timed out), that the
+    group must be re-initialised, and the old weights serve after resume."""
+    url = server_tp1.url
+    before = checksum(url)
+    released: list[int] = []
+
+    def release_after_the_first_bucket(sent: int, total: int, nbytes: int) -> None:
+        if sent == 1 and total > 1:
+            release(url, "/release_memory_occupation", ["weights"])
+            released.append(sent)
+
+    sender = WeightSender(
+        [Engine(url, tp_size=1)],
+        master_port=free_port(),
+        group_name=f"released_mid_transfer_{free_port()}",
+        backend="gloo",
+        bucket_bytes=64 << 10,
+        timeout=10,  # the trainer's blocked broadcast ends here
+    )
+    sender.connect()
+    try:
+        with pytest.raises(SyncError) as failed:
+            sender.sync(
+                randomized(model_weights, seed=45),
+                progress=release_after_the_first_bucket,
+            )
+    finally:
+        if released:
+            release(url, "/resume_memory_occupation", ["weights"])
+        sender.close()
+    assert released == [1]
+    error = failed.value
+    assert error.step == "broadcast" and not error.group_usable, error
+    assert f"session '{sender.session_id}' has ended (aborted: " in str(error)
+    assert "memory was released (/release_memory_occupation)" in str(error)
+    assert checksum(url) == before
+    generate(url, "serving again", timeout=30)
+
+
 def test_a_kv_cache_release_keeps_the_open_session(
     server_tp1, trainer_tp1, model_weights
 ):
@@ -462,6 +509,44 @@ def test_a_kv_cache_release_keeps_the_open_session(
     assert result.success and result.applied, result
     assert checksum(url) != before
     update_two_phase(trainer_tp1, model_weights)
+    assert checksum(url) == before
+
+
+def test_every_release_gives_back_the_staging_kept_between_updates(
+    server_tp1, trainer_tp1, model_weights
+):
+    """A server keeps an update's staging for the next one (it is then
+    reused); a memory release, of the KV cache alone too, frees it for the
+    trainer that runs meanwhile, so the next prepare allocates it anew."""
+    url, group = server_tp1.url, trainer_tp1.group_name
+    buckets = plan_buckets(model_weights, 1 << 20)
+    meta = [b.meta() for b in buckets]
+    before = checksum(url)
+
+    def staging_reused_at_prepare() -> bool:
+        """An update with the served weights; whether its prepare reused."""
+        ready = post(
+            url,
+            "/prepare_weights_update",
+            {
+                "group_name": group,
+                "num_buckets": len(meta),
+                "buckets": meta,
+                "load_format": "flattened_bucket",
+            },
+        )
+        assert ready.status_code == 200, ready.text
+        broadcast_buckets(buckets, trainer_tp1.group)
+        done = post(url, "/complete_weights_update", {"group_name": group})
+        assert done.status_code == 200 and done.json()["applied"], done.text
+        return ready.json()["staging_reused"]
+
+    staging_reused_at_prepare()
+    assert staging_reused_at_prepare() is True
+    release(url, "/release_memory_occupation", ["kv_cache"])
+    release(url, "/resume_memory_occupation", ["kv_cache"])
+    assert staging_reused_at_prepare() is False
+    assert staging_reused_at_prepare() is True
     assert checksum(url) == before
 
 

@@ -217,6 +217,10 @@ class _Aborted:
 
     notes: list[str] = field(default_factory=list)
     group_usable: bool = True
+    # Engines that had no such session to abort (409), and what they said:
+    # after a failed transfer, whatever ended it there (another caller's
+    # abort or destroy, a memory release) and so why the transfer failed.
+    ended: list[str] = field(default_factory=list)
 
     def lost(self, url: str, why: str) -> None:
         self.notes.append(f"{url}: {why}")
@@ -798,6 +802,7 @@ class WeightSender:
             if isinstance(res, client.EngineError) and res.status == 409:
                 self._stale.pop(engine.url, None)
                 body = res.body if isinstance(res.body, dict) else {}
+                out.ended.append(f"{engine.url}: {client.error_message(body)}")
                 if body.get("group_usable") is False:
                     out.lost(engine.url, "group must be re-initialised")
             elif isinstance(res, Exception):
@@ -1068,10 +1073,16 @@ class WeightSender:
         except BaseException as exc:
             in_band = framing is not None and framing.aborted
             aborted = self._abort_all(abort_header_sent=in_band)
+            ended = (
+                f"; the session had ended already on {'; '.join(aborted.ended)}"
+                if aborted.ended
+                else ""
+            )
             raise SyncError(
                 "broadcast",
                 self._naming_the_knob("broadcast", [f"{type(exc).__name__}: {exc}"])
-                + f"; every engine aborted ({aborted or 'groups usable'})",
+                + f"; every engine aborted ({aborted or 'groups usable'})"
+                + ended,
                 group_usable=aborted.group_usable,
             ) from exc
         # The first complete brings the deferred digests.

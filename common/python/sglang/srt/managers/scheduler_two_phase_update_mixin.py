@@ -961,13 +961,19 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         session = self._two_phase_session
         if weights and session is not None:
             self._discard_two_phase_session(session, ABORTED)
+            ended = (self._ended_sessions or {}).get(session.session_id)
+            if ended is not None:  # a later call naming the session is told why
+                ended.outcome = (
+                    f"{ABORTED}: the served weights' memory was released "
+                    f"(/release_memory_occupation)"
+                )
             if self.tp_rank == 0:
                 logger.warning(
                     f"Weight update session {session.session_id} on group(s) "
                     f"{session.groups_text()} aborted: the served weights' "
                     f"memory is being released; they are unchanged"
                 )
-        if self._two_phase_session is None:
+        elif session is None:
             self._end_two_phase_session(release=True)  # frees kept staging
         self._two_phase_weights_released |= weights
 
