@@ -190,6 +190,19 @@ def test_prepare_types_are_strict(keyed, field, value):
     assert field in resp.text
 
 
+@pytest.mark.parametrize("field", ["load_fromat", "flush_cache", "rank_offset"])
+def test_a_prepare_field_the_server_does_not_know_is_400_naming_it(keyed, field):
+    """A misspelt field would otherwise be dropped and its default taken
+    (the per-tensor layout for "load_fromat"): the update would then fail,
+    or do other than asked, far from the typo."""
+    payload = {"num_buckets": 1, "buckets": [GOOD], "group_name": "g", field: 1}
+    resp = admin(keyed.url, "/prepare_weights_update", payload)
+    assert resp.status_code == 400, resp.text
+    message = resp.json()["message"]
+    assert message.startswith(f"{field}: not a field of a prepare"), message
+    assert "load_format" in message and "rid" not in message.split("(")[1]
+
+
 @pytest.mark.parametrize("field", ["flush_cache", "apply", "drain", "release_staging"])
 def test_complete_flags_are_booleans_not_numbers(keyed, field):
     resp = admin(keyed.url, "/complete_weights_update", {"group_name": "g", field: 1})

@@ -75,6 +75,12 @@ def parse_prepare_body(body: bytes) -> PrepareWeightsUpdateReqInput:
         raise ValueError("body: nested too deeply") from None
     if not isinstance(payload, dict):
         raise ValueError("body: must be a JSON object")
+    unknown = sorted(set(payload) - _PREPARE_FIELDS)
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]}: not a field of a prepare (its fields: "
+            f"{_PREPARE_FIELDS_TEXT})"
+        )
     try:
         obj = _PREPARE_ADAPTER.validate_python(payload)
     except pydantic.ValidationError as e:
@@ -118,3 +124,11 @@ def two_phase_response_content(
 
 
 _PREPARE_ADAPTER = pydantic.TypeAdapter(PrepareWeightsUpdateReqInput)
+# A prepare's fields (a dataclass's or a msgspec struct's): another one in
+# the body (a misspelt "load_fromat") is a 400 naming it, not a default
+# silently taken.
+_PREPARE_FIELDS = frozenset(
+    getattr(PrepareWeightsUpdateReqInput, "__struct_fields__", None)
+    or PrepareWeightsUpdateReqInput.__dataclass_fields__
+)
+_PREPARE_FIELDS_TEXT = ", ".join(sorted(_PREPARE_FIELDS - {"rid", "http_worker_ipc"}))
