@@ -203,6 +203,19 @@ def test_a_prepare_field_the_server_does_not_know_is_400_naming_it(keyed, field)
     assert "load_format" in message and "rid" not in message.split("(")[1]
 
 
+@pytest.mark.parametrize(
+    "field,named", [("k" * (1 << 20), "'" + "k" * 64 + "'..."), ("", "''")]
+)
+def test_an_unknown_prepare_field_s_long_or_empty_name_is_quoted_cut_short(
+    keyed, field, named
+):
+    payload = {"num_buckets": 1, "buckets": [GOOD], "group_name": "g", field: 1}
+    resp = admin(keyed.url, "/prepare_weights_update", payload)
+    assert resp.status_code == 400, resp.text[:200]
+    assert resp.json()["message"].startswith(f"{named}: not a field of a prepare")
+    assert len(resp.content) < 1000
+
+
 @pytest.mark.parametrize("field", ["flush_cache", "apply", "drain", "release_staging"])
 def test_complete_flags_are_booleans_not_numbers(keyed, field):
     resp = admin(keyed.url, "/complete_weights_update", {"group_name": "g", field: 1})

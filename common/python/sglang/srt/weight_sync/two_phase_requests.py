@@ -77,9 +77,11 @@ def parse_prepare_body(body: bytes) -> PrepareWeightsUpdateReqInput:
         raise ValueError("body: must be a JSON object")
     unknown = sorted(set(payload) - _PREPARE_FIELDS)
     if unknown:
+        name = unknown[0]
+        if not 0 < len(name) <= 64:  # an empty or long name: quoted, cut short
+            name = repr(name[:64]) + ("..." if len(name) > 64 else "")
         raise ValueError(
-            f"{unknown[0]}: not a field of a prepare (its fields: "
-            f"{_PREPARE_FIELDS_TEXT})"
+            f"{name}: not a field of a prepare (its fields: {_PREPARE_FIELDS_TEXT})"
         )
     try:
         obj = _PREPARE_ADAPTER.validate_python(payload)
