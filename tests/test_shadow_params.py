@@ -251,6 +251,12 @@ def test_the_staged_copy_s_bytes_count_the_derived_copies_once():
     (clone,) = shadow._clones
     assert clone.w_kc is clone.alias and clone.w_kc is not model.w_kc
     assert clone.w_kc.device.type == "cpu" and clone.scratch.device.type == "cpu"
+    # The budget's rule and the clone's are written apart: what the clone
+    # holds must be what the budget counted.
+    copies = [copy for _, copy, _ in shadow._derived.values()]
+    held = {id(t): t for t in [*shadow._shadows.values(), *copies]}
+    held_bytes = sum(t.numel() * t.element_size() for t in held.values())
+    assert held_bytes == shadow_params.staged_copy_bytes([model])
 
 
 def test_experts_re_laid_out_for_their_kernels_are_refused(monkeypatch):
