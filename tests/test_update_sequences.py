@@ -415,7 +415,13 @@ def test_a_weights_release_aborts_the_open_session_and_prepare_waits_for_resume(
         client.prepare_weights_update(url, meta, group_name=group)
         release(url, "/release_memory_occupation", ["weights"])
         released = True
-        assert no_session_open(url, group)
+        # A late call that names no session is told how the last one ended.
+        for endpoint in ("/complete_weights_update", "/abort_weights_update"):
+            late = post(url, endpoint, {"group_name": group})
+            assert late.status_code == 409, late.text
+            message = late.json()["message"]
+            assert message.startswith("no weight update session is open ("), message
+            assert "has ended: aborted: the served weights' memory was " in message
         refused = post(
             url,
             "/prepare_weights_update",

@@ -642,6 +642,18 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 status_code=409,
                 open_session_group=self._open_session_group(),
             )
+        ended = (
+            None
+            if session is not None
+            else self._last_session_ended_on(recv_req.group_name)
+        )
+        if ended is not None:
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message=f"no weight update session is open ({ended}); call "
+                "/prepare_weights_update first",
+                status_code=409,
+            )
         if session is None:
             return CompleteWeightsUpdateReqOutput(
                 success=False,
@@ -977,6 +989,18 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
             self._end_two_phase_session(release=True)  # frees kept staging
         self._two_phase_weights_released |= weights
 
+    def _last_session_ended_on(self: Scheduler, group_name: str) -> Optional[str]:
+        """How the last session on `group_name` ended, for a call that finds
+        none open: a trainer whose session a release or another caller ended
+        learns it there (None where this server recorded none)."""
+        for session_id, ended in reversed((self._ended_sessions or {}).items()):
+            if group_name in (ended.group_names or (ended.group_name,)):
+                return (
+                    f"the last on group '{group_name}', '{session_id}', has "
+                    f"ended: {ended.outcome}"
+                )
+        return None
+
     def two_phase_weights_resumed(self: Scheduler) -> None:
         """After /resume_memory_occupation gave the served weights back."""
         self._two_phase_weights_released = False
@@ -1006,6 +1030,19 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 status_code=409,
                 group_usable=recv_req.group_name in self._update_groups,
                 open_session_group=self._open_session_group(),
+            )
+        ended = (
+            None
+            if session is not None
+            else self._last_session_ended_on(recv_req.group_name)
+        )
+        if ended is not None:
+            return AbortWeightsUpdateReqOutput(
+                success=False,
+                message=f"no weight update session is open ({ended}); nothing "
+                "to abort",
+                status_code=409,
+                group_usable=recv_req.group_name in self._update_groups,
             )
         if session is None:
             groups = self._update_groups
