@@ -1656,7 +1656,9 @@ class ReleaseMemoryOccupationReqInput(BaseReq):
 
 @dataclass
 class ReleaseMemoryOccupationReqOutput(BaseReq):
-    pass
+    # False: refused, nothing changed (memory_occupation_checks)
+    success: bool = True
+    message: str = ""
 
 
 @dataclass
@@ -1668,7 +1670,9 @@ class ResumeMemoryOccupationReqInput(BaseReq):
 
 @dataclass
 class ResumeMemoryOccupationReqOutput(BaseReq):
-    pass
+    # False: refused, nothing changed (memory_occupation_checks)
+    success: bool = True
+    message: str = ""
 
 
 @dataclass

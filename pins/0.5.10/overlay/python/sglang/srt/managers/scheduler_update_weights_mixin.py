@@ -173,6 +173,13 @@ class SchedulerUpdateWeightsMixin:
     def release_memory_occupation(
         self: Scheduler, recv_req: ReleaseMemoryOccupationReqInput
     ):
+        from sglang.srt.managers.memory_occupation_checks import memory_release_refusal
+
+        refused = memory_release_refusal(
+            recv_req.tags, self.offload_tags, self.is_fully_idle()
+        )
+        if refused is not None:
+            return ReleaseMemoryOccupationReqOutput(success=False, message=refused)
         assert (
             self.is_fully_idle()
         ), "release_memory_occupation should be called only when server is idle."
@@ -208,6 +215,11 @@ class SchedulerUpdateWeightsMixin:
     def resume_memory_occupation(
         self: Scheduler, recv_req: ResumeMemoryOccupationReqInput
     ):
+        from sglang.srt.managers.memory_occupation_checks import memory_resume_refusal
+
+        refused = memory_resume_refusal(recv_req.tags, self.offload_tags)
+        if refused is not None:
+            return ResumeMemoryOccupationReqOutput(success=False, message=refused)
         tags = recv_req.tags
 
         if tags is None or len(tags) == 0:

@@ -2396,7 +2396,9 @@ class ReleaseMemoryOccupationReqInput(BaseReq, kw_only=True):
 
 
 class ReleaseMemoryOccupationReqOutput(BaseReq, kw_only=True):
-    pass
+    # False: refused, nothing changed (memory_occupation_checks)
+    success: bool = True
+    message: str = ""
 
 
 class ResumeMemoryOccupationReqInput(BaseReq, kw_only=True):
@@ -2406,7 +2408,9 @@ class ResumeMemoryOccupationReqInput(BaseReq, kw_only=True):
 
 
 class ResumeMemoryOccupationReqOutput(BaseReq, kw_only=True):
-    pass
+    # False: refused, nothing changed (memory_occupation_checks)
+    success: bool = True
+    message: str = ""
 
 
 class BeginWeightUpdateReqInput(BaseReq, kw_only=True):

@@ -894,16 +894,22 @@ class TokenizerControlMixin:
         obj: ReleaseMemoryOccupationReqInput,
         request: Optional[fastapi.Request] = None,
     ):
+        from sglang.srt.managers.memory_occupation_checks import raise_refusals
+
         self.auto_create_handle_loop()
-        await self.release_memory_occupation_communicator(obj)
+        outputs = await self.release_memory_occupation_communicator(obj)
+        raise_refusals(outputs, "released")
 
     async def resume_memory_occupation(
         self: TokenizerManager,
         obj: ResumeMemoryOccupationReqInput,
         request: Optional[fastapi.Request] = None,
     ):
+        from sglang.srt.managers.memory_occupation_checks import raise_refusals
+
         self.auto_create_handle_loop()
-        await self.resume_memory_occupation_communicator(obj)
+        outputs = await self.resume_memory_occupation_communicator(obj)
+        raise_refusals(outputs, "resumed")
 
     async def check_weights(
         self: TokenizerManager,

@@ -398,7 +398,15 @@ class SchedulerWeightUpdaterManager:
         return EndWeightUpdateReqOutput(success=True, message="Success")
 
     def release_memory_occupation(self, recv_req: ReleaseMemoryOccupationReqInput):
+        from sglang.srt.managers.memory_occupation_checks import memory_release_refusal
+
         scheduler = self.scheduler
+        idle = self.is_fully_idle(
+            ignore_waiting=scheduler is not None and scheduler._engine_paused
+        )
+        refused = memory_release_refusal(recv_req.tags, self.offload_tags, idle)
+        if refused is not None:
+            return ReleaseMemoryOccupationReqOutput(success=False, message=refused)
         assert self.is_fully_idle(
             ignore_waiting=scheduler is not None and scheduler._engine_paused
         ), "release_memory_occupation should be called only when server is idle."
@@ -449,6 +457,11 @@ class SchedulerWeightUpdaterManager:
         return ReleaseMemoryOccupationReqOutput()
 
     def resume_memory_occupation(self, recv_req: ResumeMemoryOccupationReqInput):
+        from sglang.srt.managers.memory_occupation_checks import memory_resume_refusal
+
+        refused = memory_resume_refusal(recv_req.tags, self.offload_tags)
+        if refused is not None:
+            return ResumeMemoryOccupationReqOutput(success=False, message=refused)
         tags = recv_req.tags
 
         if tags is None or len(tags) == 0:
