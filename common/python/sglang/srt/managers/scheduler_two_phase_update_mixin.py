@@ -642,11 +642,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 status_code=409,
                 open_session_group=self._open_session_group(),
             )
-        ended = (
-            None
-            if session is not None
-            else self._last_session_ended_on(recv_req.group_name)
-        )
+        ended = self._last_session_ended_on(recv_req.group_name)
         if ended is not None:
             return CompleteWeightsUpdateReqOutput(
                 success=False,
@@ -992,7 +988,10 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
     def _last_session_ended_on(self: Scheduler, group_name: str) -> Optional[str]:
         """How the last session on `group_name` ended, for a call that finds
         none open: a trainer whose session a release or another caller ended
-        learns it there (None where this server recorded none)."""
+        learns it there (None while a session is open, or where this server
+        recorded none)."""
+        if self._two_phase_session is not None:
+            return None
         for session_id, ended in reversed((self._ended_sessions or {}).items()):
             if group_name in (ended.group_names or (ended.group_name,)):
                 return (
@@ -1031,11 +1030,7 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                 group_usable=recv_req.group_name in self._update_groups,
                 open_session_group=self._open_session_group(),
             )
-        ended = (
-            None
-            if session is not None
-            else self._last_session_ended_on(recv_req.group_name)
-        )
+        ended = self._last_session_ended_on(recv_req.group_name)
         if ended is not None:
             return AbortWeightsUpdateReqOutput(
                 success=False,
