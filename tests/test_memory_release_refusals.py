@@ -68,6 +68,8 @@ def test_a_release_while_a_request_is_paused_in_place_is_refused(server_tp1):
         ("/resume_memory_occupation", None, "not released (released: none)"),
         ("/release_memory_occupation", ["weight"], "tags: unknown 'weight'"),
         ("/resume_memory_occupation", ["gpu"], "tags: unknown 'gpu'"),
+        ("/resume_memory_occupation", ["kv_cache"] * 2, "kv_cache given more than"),
+        ("/release_memory_occupation", ["x"] * 9, "'x' and 1 more (known: "),
     ],
 )
 def test_what_cannot_be_released_or_resumed_is_400_and_the_server_serves(
@@ -93,6 +95,9 @@ def test_a_second_release_and_a_resume_of_more_than_was_released_are_refused(
         assert again.startswith("tags: kv_cache released already"), again
         every = refusal(post(url, "/resume_memory_occupation", {}))
         assert "not released (released: kv_cache)" in every, every
+        twice = {"tags": ["kv_cache", "kv_cache"]}
+        twice_said = refusal(post(url, "/resume_memory_occupation", twice))
+        assert twice_said.startswith("tags: kv_cache given more than once")
     finally:
         resumed = post(url, "/resume_memory_occupation", {"tags": ["kv_cache"]})
     assert resumed.status_code == 200, resumed.text

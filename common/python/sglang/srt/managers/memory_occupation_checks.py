@@ -2,8 +2,8 @@
 before they change anything. Upstream asserts that a release finds the
 server idle and removes each resumed tag from the released ones: a release
 while a request runs (a health check's generate too), a resume of what was
-not released, or a tag nobody knows ended the scheduler with an
-AssertionError or a KeyError. Each is now refused, with nothing changed,
+not released or of a tag given twice, or a tag nobody knows ended the
+scheduler with an AssertionError or a KeyError. Each is now refused, with nothing changed,
 and the caller gets a 400 that says why.
 
 Every TP rank of a replica decides the same (they share its requests and
@@ -13,6 +13,7 @@ says how many did what was asked when some did not.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Collection, List, Optional, Sequence
 
 from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
@@ -23,9 +24,9 @@ def memory_release_refusal(
 ) -> Optional[str]:
     """Why a release of `tags` (None or []: every type) may not run now."""
     asked = _asked(tags)
-    unknown = _unknown(asked)
-    if unknown:
-        return f"{unknown}; nothing was released"
+    malformed = _malformed(asked)
+    if malformed:
+        return f"{malformed}; nothing was released"
     again = [tag for tag in asked if tag in released]
     if again:
         return (
@@ -47,9 +48,9 @@ def memory_resume_refusal(
 ) -> Optional[str]:
     """Why a resume of `tags` (None or []: every type) may not run now."""
     asked = _asked(tags)
-    unknown = _unknown(asked)
-    if unknown:
-        return f"{unknown}; nothing was resumed"
+    malformed = _malformed(asked)
+    if malformed:
+        return f"{malformed}; nothing was resumed"
     missing = [tag for tag in asked if tag not in released]
     if missing:
         return (
@@ -78,11 +79,22 @@ def _asked(tags: Optional[List[str]]) -> List[str]:
     return list(tags) if tags else list(GPU_MEMORY_ALL_TYPES)
 
 
-def _unknown(tags: List[str]) -> Optional[str]:
+def _malformed(tags: List[str]) -> Optional[str]:
+    """Tags nobody knows, or one given twice (upstream's resume removes each
+    tag it is given from the released ones: a second removal ended it)."""
     unknown = [tag for tag in tags if tag not in GPU_MEMORY_ALL_TYPES]
-    if not unknown:
-        return None
-    return (
-        f"tags: unknown {', '.join(repr(tag[:64]) for tag in unknown)} (known: "
-        f"{', '.join(GPU_MEMORY_ALL_TYPES)})"
-    )
+    if unknown:
+        named = ", ".join(repr(tag[:64]) for tag in unknown[:_NAMED])
+        more = f" and {len(unknown) - _NAMED} more" if len(unknown) > _NAMED else ""
+        return (
+            f"tags: unknown {named}{more} (known: "
+            f"{', '.join(GPU_MEMORY_ALL_TYPES)})"
+        )
+    twice = sorted(tag for tag, times in Counter(tags).items() if times > 1)
+    if twice:
+        return f"tags: {', '.join(twice)} given more than once"
+    return None
+
+
+# How many unknown tags a refusal names
+_NAMED = 8
