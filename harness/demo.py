@@ -148,15 +148,21 @@ def main(argv: list[str] | None = None) -> int:
             if time.monotonic() > deadline:
                 raise TimeoutError("the streams gave no tokens within 120 s")
             time.sleep(0.05)  # between polls
+        # The last sync flushes the prefix cache (in-flight requests finish
+        # first): by default a server applies in place and keeps its cache
+        # when a stream's request is in flight, and the greedy check would
+        # then reuse the prompt's KV from older weights.
         plan = [
-            ("step-1", randomized(original, 1)),
-            ("step-2", randomized(original, 2)),
-            ("step-3 (original back)", original),
+            ("step-1", randomized(original, 1), None),
+            ("step-2", randomized(original, 2), None),
+            ("step-3 (original back)", original, True),
         ]
         sums = before_sum
-        for version, weights in plan:
+        for version, weights, flush_cache in plan:
             t0 = time.monotonic()
-            result = sender.sync(weights, weight_version=version, atomic=True)
+            result = sender.sync(
+                weights, weight_version=version, atomic=True, flush_cache=flush_cache
+            )
             t1 = time.monotonic()
             checks = verify(
                 urls,
