@@ -3,8 +3,8 @@ before they change anything. Upstream asserts that a release finds the
 server idle and removes each resumed tag from the released ones: a release
 while a request runs (a health check's generate too), a resume of what was
 not released or of a tag given twice, or a tag nobody knows ended the
-scheduler with an AssertionError or a KeyError. Each is now refused, with nothing changed,
-and the caller gets a 400 that says why.
+scheduler with an AssertionError or a KeyError. Each is now refused, with
+nothing changed, and the caller gets a 400 that says why.
 
 Every TP rank of a replica decides the same (they share its requests and
 its released tags); each DP replica decides for itself, and the answer
