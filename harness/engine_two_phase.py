@@ -2,8 +2,9 @@
 
 Run as a script (a fresh process with the CPU server environment): starts an
 Engine on the given model, joins its update group from a thread as the
-trainer, pushes new weights with prepare/complete, checks generation changes,
-aborts an idle session, and prints one JSON line of findings.
+trainer, pushes new weights with prepare/complete (a named session whose digests
+follow the bytes), checks generation changes, aborts an ended session,
+destroys the group naming its session, and prints one JSON line of findings.
 """
 
 from __future__ import annotations
@@ -64,9 +65,15 @@ def main(model_path: str, port: int) -> None:
             for n, t in weights
         ]
         buckets = plan_buckets(new, 64 << 10)
-        meta = [b.meta(digest_tensors(b.tensors)) for b in buckets]
+        meta = [b.meta() for b in buckets]
+        # The newer fields: a named session whose digests follow the bytes.
         findings["prepare"] = engine.prepare_weights_update(
-            len(meta), meta, group_name="engine", load_format="flattened_bucket"
+            len(meta),
+            meta,
+            group_name="engine",
+            load_format="flattened_bucket",
+            session_id="engine-session-0001",
+            defer_digests=True,
         )["status"]
         for b in buckets:
             dist.broadcast(
@@ -74,16 +81,34 @@ def main(model_path: str, port: int) -> None:
                 0,
                 group=pg,
             )
-        done = engine.complete_weights_update(group_name="engine", weight_version="e1")
+        other = engine.complete_weights_update(
+            group_name="engine", session_id="engine-session-other"
+        )
+        findings["complete_of_another_session"] = [other["success"], other["message"]]
+        done = engine.complete_weights_update(
+            group_name="engine",
+            weight_version="e1",
+            session_id="engine-session-0001",
+            digests=[digest_tensors(b.tensors) for b in buckets],
+            drain=True,
+            release_staging=True,
+        )
         findings["complete"] = [
             done["success"],
             done["num_buckets_received"],
             len(buckets),
         ]
+        findings["completed_session"] = done["session_id"]
         findings["changed"] = engine.generate("Engine", params)["output_ids"] != before
-        findings["abort_without_session"] = engine.abort_weights_update("engine")[
-            "success"
-        ]
+        findings["abort_without_session"] = engine.abort_weights_update(
+            "engine", session_id="engine-session-0001", abort_header_sent=False
+        )["success"]
+        findings["destroy_of_another_session"] = engine.destroy_weights_update_group(
+            "engine", session_id="engine-session-other"
+        )[0]
+        findings["destroy"] = engine.destroy_weights_update_group(
+            "engine", session_id="engine-session-0001"
+        )[0]
     finally:
         engine.shutdown()
     print("FINDINGS " + json.dumps(findings), flush=True)

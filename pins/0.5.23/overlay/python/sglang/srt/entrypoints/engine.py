@@ -1646,10 +1646,13 @@ class Engine(EngineScoreMixin, EngineBase):
     def destroy_weights_update_group(
         self,
         group_name: str,
+        session_id: Optional[str] = None,
     ):
-        """Destroy parameter update group."""
+        """Destroy parameter update group; `session_id`: only if that
+        two-phase session is the group's open or last one."""
         obj = DestroyWeightsUpdateGroupReqInput(
             group_name=group_name,
+            session_id=session_id,
         )
         return self.loop.run_until_complete(
             self.tokenizer_manager.destroy_weights_update_group(obj, None)
@@ -1698,14 +1701,26 @@ class Engine(EngineScoreMixin, EngineBase):
         group_name: str = "weight_update_group",
         load_format: Optional[str] = None,
         weight_version: Optional[str] = None,
+        defer_digests: bool = False,
+        session_id: Optional[str] = None,
+        framed: bool = False,
+        shares: Optional[List[Dict[str, Any]]] = None,
     ) -> Dict[str, Any]:
-        """Two-phase update, phase 1: validate, stage and start receiving."""
+        """Two-phase update, phase 1: validate, stage and start receiving.
+
+        Takes the fields of /prepare_weights_update and returns its JSON
+        answer; a refusal is an answer whose `status` is not "ready".
+        """
         obj = PrepareWeightsUpdateReqInput(
             num_buckets=num_buckets,
             buckets=buckets,
             group_name=group_name,
             load_format=load_format,
             weight_version=weight_version,
+            defer_digests=defer_digests,
+            session_id=session_id,
+            framed=framed,
+            shares=shares,
         )
         result = self.loop.run_until_complete(
             self.tokenizer_manager.prepare_weights_update(obj, None)
@@ -1719,16 +1734,25 @@ class Engine(EngineScoreMixin, EngineBase):
         weight_version: Optional[str] = None,
         apply: bool = True,
         timeout: Optional[float] = None,
+        drain: Optional[bool] = None,
+        release_staging: bool = False,
+        digests: Optional[List[str]] = None,
         session_id: Optional[str] = None,
     ) -> Dict[str, Any]:
         """Two-phase update, phase 2: wait for every bucket, verify, apply.
-        `session_id` (prepare's answer): complete only that session."""
+
+        Takes the fields of /complete_weights_update and returns its JSON
+        answer.
+        """
         obj = CompleteWeightsUpdateReqInput(
             group_name=group_name,
             flush_cache=flush_cache,
             weight_version=weight_version,
             apply=apply,
             timeout=timeout,
+            drain=drain,
+            release_staging=release_staging,
+            digests=digests,
             session_id=session_id,
         )
         result = self.loop.run_until_complete(
@@ -1737,11 +1761,23 @@ class Engine(EngineScoreMixin, EngineBase):
         return two_phase_response_content(result)
 
     def abort_weights_update(
-        self, group_name: str = "weight_update_group", session_id: Optional[str] = None
+        self,
+        group_name: str = "weight_update_group",
+        session_id: Optional[str] = None,
+        abort_header_sent: bool = False,
+        abort_header_sent_groups: Optional[List[str]] = None,
     ) -> Dict[str, Any]:
         """Discard an open two-phase update; the served weights are untouched.
-        `session_id` (prepare's answer): abort only that session."""
-        obj = AbortWeightsUpdateReqInput(group_name=group_name, session_id=session_id)
+
+        Takes the fields of /abort_weights_update and returns its JSON
+        answer.
+        """
+        obj = AbortWeightsUpdateReqInput(
+            group_name=group_name,
+            session_id=session_id,
+            abort_header_sent=abort_header_sent,
+            abort_header_sent_groups=abort_header_sent_groups,
+        )
         result = self.loop.run_until_complete(
             self.tokenizer_manager.abort_weights_update(obj, None)
         )
