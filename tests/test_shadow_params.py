@@ -287,3 +287,21 @@ def test_experts_re_laid_out_for_their_kernels_are_refused(monkeypatch):
     monkeypatch.setattr(torch.version, "hip", "6.4")
     message = shadow_params.unsupported_post_processing([model])
     assert "'fused'" in message and "aiter" in message, message
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_no_forward_running_on_another_stream_reads_half_an_update():
+    """SGLang's overlapping scheduler takes a complete while batch N still
+    runs on its forward stream: the apply must not write the weights that
+    forward reads (bench/gpu_apply_vs_running_batch.py measures the same;
+    the copies without the wait raced it in 5 of 5 forwards on an H200)."""
+    from bench import gpu_apply_vs_running_batch as bench
+
+    model = bench.Model(layers=16, dim=4096)
+    shadow = shadow_params.ShadowParameters([model])
+    x = torch.ones(4096, 4096, device="cuda", dtype=torch.float16) / 4096
+    stream = torch.cuda.Stream()
+    for _ in range(3):
+        trial = bench.one_trial(shadow, model, x, 40, stream, wait=True)
+        assert trial["live_is_new"]
+        assert trial["steps_reading_old"] == 40, trial

@@ -288,6 +288,11 @@ class ShadowParameters:
     def apply(self) -> None:
         """Live = shadow, in place (the live storage keeps its address), and
         every derived tensor the loader wrote."""
+        # A batch may still run on another stream, reading the live weights
+        # (an overlapping scheduler launches the next batch before it takes
+        # requests): wait for it, so that no forward reads half an update.
+        for device in {p.device for p in self._live if p.is_cuda}:
+            torch.cuda.synchronize(device)
         with torch.no_grad():
             for live, shadow in self._pairs():
                 live.data.copy_(shadow, non_blocking=True)
