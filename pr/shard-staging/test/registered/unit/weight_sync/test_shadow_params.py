@@ -293,5 +293,54 @@ class TestShadowParameters(CustomTestCase):
                 self.assertIn("aiter", unsupported_post_processing([self.model]))
 
 
+class _Layers(nn.Module):
+    def __init__(self, layers: int, dim: int):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.Linear(dim, dim, bias=False, device="cuda", dtype=torch.float16)
+            for _ in range(layers)
+        )
+        for layer in self.layers:
+            nn.init.zeros_(layer.weight)
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            params[name].data.copy_(tensor)
+
+
+@unittest.skipUnless(torch.cuda.is_available(), "needs a GPU")
+class TestApplyWhileABatchRuns(CustomTestCase):
+    """The overlapping scheduler takes a complete while a batch still runs on
+    its forward stream: that forward reads the old weights only."""
+
+    def test_a_running_forward_reads_none_of_the_update(self):
+        model = _Layers(layers=16, dim=4096)
+        shadow = ShadowParameters([model])
+        x = torch.full((4096, 4096), 1 / 4096, device="cuda", dtype=torch.float16)
+        forward_stream = torch.cuda.Stream()
+        for _ in range(3):
+            with torch.no_grad():
+                for layer in model.layers:
+                    layer.weight.zero_()
+            shadow.begin()
+            shadow.load(
+                (name, torch.ones_like(param))
+                for name, param in model.named_parameters()
+            )
+            torch.cuda.synchronize()
+            outputs = []
+            with torch.cuda.stream(forward_stream), torch.no_grad():
+                for _ in range(40):  # long enough to still run at the apply
+                    acc = torch.zeros_like(x)
+                    for layer in model.layers:
+                        acc += x @ layer.weight.t()
+                    outputs.append(acc[0, 0])
+            shadow.apply()
+            torch.cuda.synchronize()
+            self.assertEqual([float(o) for o in outputs], [0.0] * 40)
+            self.assertTrue(all(bool((p == 1).all()) for p in model.parameters()))
+
+
 if __name__ == "__main__":
     unittest.main()
