@@ -417,6 +417,67 @@ def test_a_key_that_would_be_empty_or_never_read_refuses_to_start(tiny_model, tm
     assert answers[len(cases) :] == [["started", True, True], ["started", True, True]]
 
 
+_CHECK_EACH = """
+import json, sys
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+answers = []
+for case in json.loads(sys.argv[1]):
+    try:
+        if isinstance(case, dict):  # keyword arguments, as sglang.Engine takes
+            args = ServerArgs(model_path=sys.argv[2], device="cpu", **case)
+        else:
+            args = prepare_server_args(["--model-path", sys.argv[2], "--device", "cpu"] + case)
+        getattr(args, "resolve_once", lambda: None)()  # where resolution is lazy
+        args.check_server_args()
+        answers.append(["started"])
+    except Exception as e:
+        answers.append(["refused", f"{type(e).__name__}: {e}"])
+print(json.dumps(answers))
+"""
+
+
+@pytest.mark.per_pin
+def test_a_weight_update_flag_out_of_range_refuses_to_start(tiny_model):
+    """Each was taken: a deadline of 0 made every health check during an
+    update a 503, a body limit of 0 refused every weight-update request, inf
+    ended the start-up with an OverflowError. Checked as a server checks its
+    arguments before it starts anything (in a child process)."""
+    flags = [
+        "--weight-update-health-deadline",
+        "--weight-update-staging-budget-mb",
+        "--weight-update-max-request-mb",
+        "--weight-update-max-tensor-request-mb",
+    ]
+    cases = [
+        (flag, [flag, value]) for flag in flags for value in ("0", "-1", "nan", "inf")
+    ]
+    cases.append(("--weight-update-staging", {"weight_update_staging": "gpu"}))
+    cases.append(
+        ("--weight-update-health-deadline", {"weight_update_health_deadline": None})
+    )
+    controls = [
+        [],
+        ["--weight-update-health-deadline", "0.5"],
+        [
+            "--weight-update-staging-budget-mb",
+            "1024",
+            "--weight-update-staging",
+            "host",
+        ],
+    ]
+    done = cpu_sglang.run_server_python(
+        _CHECK_EACH,
+        json.dumps([*(case for _, case in cases), *controls]),
+        str(tiny_model),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    answers = json.loads(done.stdout.splitlines()[-1])
+    for (flag, case), answer in zip(cases, answers):
+        assert answer[0] == "refused", (case, answer)
+        assert answer[1].startswith(f"ValueError: {flag}: expected"), (case, answer)
+    assert answers[len(cases) :] == [["started"]] * len(controls)
+
+
 def test_an_oversized_weight_update_body_is_413_before_it_is_parsed(keyed):
     """A million names (about 60 MB) is refused by its size, not after
     seconds of parsing on the event loop that serves generation too."""

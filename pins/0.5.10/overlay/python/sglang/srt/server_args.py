@@ -71,6 +71,7 @@ from sglang.srt.utils.hf_transformers_utils import check_gguf_file
 from sglang.srt.utils.network import NetworkAddress, get_free_port, wait_port_available
 from sglang.srt.utils.redaction import redacted_repr
 from sglang.srt.utils.runai_utils import ObjectStorageModel, is_runai_obj_uri
+from sglang.srt.weight_sync.server_arg_checks import check_weight_update_args
 from sglang.utils import is_in_ci
 
 logger = logging.getLogger(__name__)
@@ -6193,6 +6194,7 @@ class ServerArgs:
                 "--admin-api-key (or SGLANG_ADMIN_API_KEY): its workers have no "
                 "key check. Run one tokenizer worker to use keys."
             )
+        check_weight_update_args(self)
         self.validate_buckets_rule(
             "--prompt-tokens-buckets", self.prompt_tokens_buckets
         )
