@@ -80,7 +80,7 @@ def _asked(tags: Optional[List[str]]) -> List[str]:
 
 
 def _malformed(tags: List[str]) -> Optional[str]:
-    """Tags nobody knows, or one given twice (upstream's resume removes each
+    """Tags nobody knows, or one given twice (a resume removes each
     tag it is given from the released ones: a second removal ended it)."""
     unknown = [tag for tag in tags if tag not in GPU_MEMORY_ALL_TYPES]
     if unknown:

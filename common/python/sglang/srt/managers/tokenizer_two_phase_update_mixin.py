@@ -4,7 +4,7 @@ Locking: the transfer does not block generation (prepare only starts the
 receiver). `complete` applies between two batches without waiting for
 in-flight requests: they continue on the new weights with their KV cache, as
 after `/pause_generation` in `in_place` mode; the weights never change during
-a forward pass. `drain=true` gives upstream's `update_weights_from_distributed`
+a forward pass. `drain=true` gives `update_weights_from_distributed`'s
 semantics instead (in-flight requests finish first, new ones wait).
 
 With data parallelism every replica verifies before any applies. What

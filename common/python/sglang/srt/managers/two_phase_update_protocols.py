@@ -7,8 +7,8 @@ scheduler and tokenizer manager they extend.
 which the mixins subclass, hold what reads the managers' internals. What the
 hooks must define is declared here, as Protocols: every method. The
 mixins read nothing else of the scheduler and the tokenizer manager but the
-public members declared beside them, and no private state of upstream's
-but through a hook.
+public members declared beside them, and no private state of the
+scheduler or the tokenizer manager but through a hook.
 """
 
 from __future__ import annotations

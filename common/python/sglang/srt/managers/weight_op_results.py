@@ -35,7 +35,7 @@ def gather_from_tp_ranks(
 
 
 class RankedResult(tuple):
-    """The tuple upstream returns (callers unpack it as before), carrying one
+    """The (success, message) tuple (callers unpack it as before), carrying one
     result per TP rank in `rank_results`."""
 
     rank_results: List[Dict[str, Any]]

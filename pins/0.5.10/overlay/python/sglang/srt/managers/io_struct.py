@@ -1531,8 +1531,8 @@ class CompleteWeightsUpdateReqInput(BaseReq):
     apply: StrictBool = True
     # Seconds to wait for the last bucket (None: 300)
     timeout: Optional[StrictFloat] = None
-    # Wait for in-flight requests to finish before applying (upstream's
-    # update_weights_from_distributed semantics). None: only with flush_cache
+    # Wait for in-flight requests to finish before applying (the
+    # semantics of update_weights_from_distributed). None: only with flush_cache
     # (a cache flush needs an idle scheduler); otherwise apply in place
     drain: Optional[StrictBool] = None
     # Free the staging buffers afterwards instead of keeping them for the next update

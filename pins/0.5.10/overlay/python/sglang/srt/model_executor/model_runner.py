@@ -1542,7 +1542,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         )
 
         # The operator's deadline bounds the init and each collective: they
-        # block this scheduler (upstream's update) or hold the group. The
+        # block this scheduler (a single-phase update) or hold the group. The
         # collectives wait all of it, however late the trainer joined.
         deadline = self.server_args.weight_update_health_deadline
         init_timeout = deadline if timeout is None else min(timeout, deadline)

@@ -1629,7 +1629,7 @@ class Engine(EngineScoreMixin, EngineBase):
         timeout: Optional[float] = None,
     ):
         """Initialize parameter update group; `timeout`: seconds to wait for
-        every rank to join (None: torch's default, 30 minutes)."""
+        every rank to join (None: the server's default)."""
         obj = InitWeightsUpdateGroupReqInput(
             master_address=master_address,
             master_port=master_port,

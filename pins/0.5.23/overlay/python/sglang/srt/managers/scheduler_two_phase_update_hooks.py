@@ -1,11 +1,11 @@
 """What the scheduler provides the two-phase weight update
 (scheduler_two_phase_update_mixin).
 
-A two-phase update does not run inside upstream's weight-update session,
+A two-phase update does not run inside the begin/end weight-update session,
 which restores the checkpoint layout of re-packed layers on the live model:
 the model serves while the update arrives. While one is open
 begin_weight_update is refused, and with it a single-phase update; prepare is
-refused while that session is open, and where upstream refuses in-place
+refused while that session is open, and where SGLang refuses in-place
 updates (a weight cache shared with other engines, derived-weight caches).
 The update groups live in the model runner's weight updater, and an update
 loads into every runner the weight updater selects (the target and a draft
