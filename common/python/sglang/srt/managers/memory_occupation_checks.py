@@ -1,5 +1,5 @@
 """The checks /release_memory_occupation and /resume_memory_occupation make
-before they change anything. Upstream asserts that a release finds the
+before they change anything. The scheduler asserts that a release finds the
 server idle and removes each resumed tag from the released ones: a release
 while a request runs (a health check's generate too), a resume of what was
 not released or of a tag given twice, or a tag nobody knows ended the
