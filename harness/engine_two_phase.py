@@ -21,6 +21,14 @@ import torch.distributed as dist
 ENGINE_API_KEY = "engine-api-s3cret"
 
 
+def refusal(call, *args, **kwargs) -> str:
+    """The ValueError a call raises, or what it answered instead."""
+    try:
+        return f"answered {call(*args, **kwargs)}"
+    except ValueError as e:
+        return str(e)
+
+
 def main(model_path: str, port: int) -> None:
     from safetensors.torch import load_file
 
@@ -66,6 +74,13 @@ def main(model_path: str, port: int) -> None:
         ]
         buckets = plan_buckets(new, 64 << 10)
         meta = [b.meta() for b in buckets]
+        # A value its route refuses is refused here too, nothing opened.
+        findings["refused_as_the_route_does"] = [
+            refusal(engine.prepare_weights_update, len(meta), meta, framed="false"),
+            refusal(engine.complete_weights_update, "engine", apply="false"),
+            refusal(engine.abort_weights_update, "engine", abort_header_sent="no"),
+            refusal(engine.complete_weights_update, "engine", digests="psum61:0"),
+        ]
         # The newer fields: a named session whose digests follow the bytes.
         findings["prepare"] = engine.prepare_weights_update(
             len(meta),

@@ -42,6 +42,11 @@ def test_engine_prepare_complete_abort(tiny_model):
     assert findings["server_info_shows_the_key"] is False
     assert findings["init"] is True
     assert findings["prepare"] == "ready"
+    framed, apply, abort, digests = findings["refused_as_the_route_does"]
+    assert framed.startswith("framed: "), framed
+    assert apply.startswith("apply: "), apply
+    assert abort.startswith("abort_header_sent: "), abort
+    assert digests.startswith("digests: "), digests
     ok, message = findings["complete_of_another_session"]
     assert not ok and "engine-session-0001" in message, message
     ok, received, expected = findings["complete"]

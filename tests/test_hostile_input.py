@@ -440,8 +440,10 @@ print(json.dumps(answers))
 def test_a_weight_update_flag_out_of_range_refuses_to_start(tiny_model):
     """Each was taken: a deadline of 0 made every health check during an
     update a 503, a body limit of 0 refused every weight-update request, inf
-    ended the start-up with an OverflowError. Checked as a server checks its
-    arguments before it starts anything (in a child process)."""
+    or 1e303 ended the start-up with an OverflowError once the model had
+    loaded, a deadline of 1e300 failed every update group's init. Checked as
+    a server checks its arguments before it starts anything (in a child
+    process); a message shows a value cut short, or only its type."""
     flags = [
         "--weight-update-health-deadline",
         "--weight-update-staging-budget-mb",
@@ -451,13 +453,32 @@ def test_a_weight_update_flag_out_of_range_refuses_to_start(tiny_model):
     cases = [
         (flag, [flag, value]) for flag in flags for value in ("0", "-1", "nan", "inf")
     ]
-    cases.append(("--weight-update-staging", {"weight_update_staging": "gpu"}))
-    cases.append(
-        ("--weight-update-health-deadline", {"weight_update_health_deadline": None})
-    )
+    cases += [  # too large to use: an overflow after the model loaded, or an
+        # update group's init that could never start
+        ("--weight-update-max-request-mb", ["--weight-update-max-request-mb", "1e303"]),
+        (
+            "--weight-update-health-deadline",
+            ["--weight-update-health-deadline", "1e300"],
+        ),
+        # too small to use: no weight-update request, or no update, could pass
+        (
+            "--weight-update-max-request-mb",
+            ["--weight-update-max-request-mb", "1e-300"],
+        ),
+        (
+            "--weight-update-health-deadline",
+            ["--weight-update-health-deadline", "1e-9"],
+        ),
+    ]
+    cases += [  # as sglang.Engine's keywords
+        ("--weight-update-staging", {"weight_update_staging": "gpu"}),
+        ("--weight-update-health-deadline", {"weight_update_health_deadline": None}),
+        ("--weight-update-health-deadline", {"weight_update_health_deadline": 10**400}),
+        ("--weight-update-max-request-mb", {"weight_update_max_request_mb": [[[1]]]}),
+    ]
     controls = [
         [],
-        ["--weight-update-health-deadline", "0.5"],
+        ["--weight-update-health-deadline", "1.5"],
         [
             "--weight-update-staging-budget-mb",
             "1024",
@@ -475,6 +496,7 @@ def test_a_weight_update_flag_out_of_range_refuses_to_start(tiny_model):
     for (flag, case), answer in zip(cases, answers):
         assert answer[0] == "refused", (case, answer)
         assert answer[1].startswith(f"ValueError: {flag}: expected"), (case, answer)
+        assert len(answer[1]) < 250, answer
     assert answers[len(cases) :] == [["started"]] * len(controls)
 
 

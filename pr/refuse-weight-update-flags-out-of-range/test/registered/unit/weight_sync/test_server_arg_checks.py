@@ -27,7 +27,7 @@ class TestWeightUpdateArgs(CustomTestCase):
     def test_the_defaults_and_positive_values_pass(self):
         check_weight_update_args(args())
         check_weight_update_args(
-            args(weight_update_health_deadline=0.5, weight_update_staging_budget_mb=1)
+            args(weight_update_health_deadline=1.5, weight_update_staging_budget_mb=1)
         )
         check_weight_update_args(args(weight_update_staging="host"))
 
@@ -39,10 +39,28 @@ class TestWeightUpdateArgs(CustomTestCase):
             "weight_update_max_tensor_request_mb",
         ):
             flag = "--" + attribute.replace("_", "-")
-            for value in (0, -1, math.nan, math.inf, "10", True):
+            for value in (0, -1, math.nan, math.inf, 1e303, 10**400, "10", True, [1]):
                 with self.subTest(attribute=attribute, value=value):
                     with self.assertRaisesRegex(ValueError, f"^{flag}: expected"):
                         check_weight_update_args(args(**{attribute: value}))
+
+    def test_values_too_small_or_too_large_to_use_are_refused(self):
+        for attribute, value in (
+            ("weight_update_health_deadline", 0.5),
+            ("weight_update_health_deadline", 10**7),
+            ("weight_update_max_request_mb", 1e-300),
+            ("weight_update_staging_budget_mb", 2**31),
+        ):
+            with self.subTest(attribute=attribute, value=value):
+                with self.assertRaisesRegex(ValueError, "expected .* from .* to "):
+                    check_weight_update_args(args(**{attribute: value}))
+
+    def test_a_message_shows_a_value_cut_short_or_only_its_type(self):
+        for value, shown in (("x" * 10**6, "'" + "x" * 79), ([[[]]], "of type list")):
+            with self.assertRaises(ValueError) as caught:
+                check_weight_update_args(args(weight_update_max_request_mb=value))
+            self.assertIn(shown, str(caught.exception))
+            self.assertLess(len(str(caught.exception)), 200)
 
     def test_a_required_limit_left_unset_is_refused(self):
         with self.assertRaisesRegex(ValueError, "--weight-update-max-request-mb"):
