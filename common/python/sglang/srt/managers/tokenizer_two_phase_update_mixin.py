@@ -42,6 +42,7 @@ from sglang.srt.managers.weight_update_health import track_weight_update
 from sglang.srt.weight_sync.two_phase_requests import (
     SCHEDULER_WAIT_S,
     acquire_writer_before,
+    check_as_its_route,
     timed_out_message,
 )
 
@@ -57,6 +58,8 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         request: Optional[fastapi.Request] = None,
     ) -> PrepareWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
+        if request is None:  # built in Python (sglang.Engine): check it as a route
+            check_as_its_route(obj)
         unsupported = self._two_phase_unsupported()
         if unsupported:
             return PrepareWeightsUpdateReqOutput(
@@ -110,6 +113,8 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         request: Optional[fastapi.Request] = None,
     ) -> CompleteWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
+        if request is None:  # built in Python (sglang.Engine): check it as a route
+            check_as_its_route(obj)
         unsupported = self._two_phase_unsupported()
         if unsupported:
             return CompleteWeightsUpdateReqOutput(
@@ -222,6 +227,8 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         request: Optional[fastapi.Request] = None,
     ) -> AbortWeightsUpdateReqOutput:
         self.auto_create_handle_loop()
+        if request is None:  # built in Python (sglang.Engine): check it as a route
+            check_as_its_route(obj)
         unsupported = self._two_phase_unsupported()
         if unsupported:
             return AbortWeightsUpdateReqOutput(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import time
 from typing import Any, Dict, List, Union
@@ -106,6 +107,26 @@ def validation_message(error: pydantic.ValidationError) -> str:
     if not where:  # raised by the request's own checks, which name the field
         return message.removeprefix("Value error, ")
     return f"{where}: {message}"
+
+
+def check_as_its_route(obj: Any) -> None:
+    """Check a two-phase request built in Python (the offline Engine's) as
+    its HTTP route checks one it parses: strict types ("false" is no flag,
+    "1" no count, a string no list), which a request's constructor does not
+    check. ValueError naming the field otherwise."""
+    if isinstance(obj, msgspec.Struct):
+        fields = msgspec.structs.asdict(obj)
+    else:
+        fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    try:
+        _adapter_of(type(obj)).validate_python(fields)
+    except pydantic.ValidationError as e:
+        raise ValueError(validation_message(e)) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter_of(request_class: type) -> pydantic.TypeAdapter:
+    return pydantic.TypeAdapter(request_class)
 
 
 def two_phase_response_content(

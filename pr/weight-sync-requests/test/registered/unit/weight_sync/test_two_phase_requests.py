@@ -14,13 +14,17 @@ from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
 maybe_stub_sgl_kernel()  # must precede io_struct, which pulls in sgl_kernel
 
 from sglang.srt.managers.io_struct import (
+    AbortWeightsUpdateReqInput,
     AbortWeightsUpdateReqOutput,
+    CompleteWeightsUpdateReqInput,
     CompleteWeightsUpdateReqOutput,
+    PrepareWeightsUpdateReqInput,
     PrepareWeightsUpdateReqOutput,
 )
 from sglang.srt.utils.aio_rwlock import RWLock
 from sglang.srt.weight_sync.two_phase_requests import (
     acquire_writer_before,
+    check_as_its_route,
     parse_prepare_body,
     timed_out_message,
     two_phase_response_content,
@@ -263,6 +267,31 @@ class TestAcquireWriterBefore(CustomTestCase):
             await asyncio.wait_for(lock.acquire_reader(), 5)
 
         asyncio.run(main())
+
+
+class TestCheckAsItsRoute(CustomTestCase):
+    """A request built in Python (the offline Engine's) is held to its
+    route's strict types, which its constructor does not check."""
+
+    def test_a_well_typed_request_passes(self):
+        check_as_its_route(CompleteWeightsUpdateReqInput(apply=False, digests=[DIGEST]))
+        check_as_its_route(AbortWeightsUpdateReqInput(session_id=SESSION))
+        check_as_its_route(PrepareWeightsUpdateReqInput(num_buckets=0, buckets=[]))
+
+    def test_a_value_its_route_refuses_is_a_value_error_naming_the_field(self):
+        for request, field in (
+            (CompleteWeightsUpdateReqInput(apply="false"), "apply"),
+            (CompleteWeightsUpdateReqInput(digests=DIGEST), "digests"),
+            (AbortWeightsUpdateReqInput(abort_header_sent="no"), "abort_header_sent"),
+            (
+                PrepareWeightsUpdateReqInput(num_buckets=1, buckets=[], framed="false"),
+                "framed",
+            ),
+            (PrepareWeightsUpdateReqInput(num_buckets="1", buckets=[]), "num_buckets"),
+        ):
+            with self.subTest(field=field):
+                with self.assertRaisesRegex(ValueError, f"^{field}: "):
+                    check_as_its_route(request)
 
 
 if __name__ == "__main__":
