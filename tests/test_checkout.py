@@ -676,12 +676,12 @@ def an_older_series(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "pins", root / "pins")
     last = series.Layout(root, LAYOUT.version).patches()[-1]
     text = last.read_text()
-    # An added comment line of Python (at any indent), a line no other
-    # patch's context holds.
+    # An added line of Python with a comment (a line of its own at any
+    # indent, or after code), a line no other patch's context holds.
     added = next(
         l
         for l in text.splitlines()
-        if l.startswith("+") and l[1:].lstrip(" ").startswith("# ")
+        if l.startswith("+") and (l[1:].lstrip(" ").startswith("# ") or "  # " in l)
     )
     last.write_text(text.replace(added, added + " (an older wording)", 1))
     return root
