@@ -119,7 +119,11 @@ def test_late_trainer_health_stays_200_and_watchdog_quiet(tp, server_tp1, server
             server.url + "/generate",
             json={
                 "text": "abc",
-                "sampling_params": {"max_new_tokens": 4, "temperature": 0},
+                "sampling_params": {
+                    "max_new_tokens": 4,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
             },
             timeout=60,
         )
