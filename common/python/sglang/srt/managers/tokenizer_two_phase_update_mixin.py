@@ -185,6 +185,8 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
                 if not all(r.session_open for r in failed):
                     # A replica discarded its transfer: discard it everywhere.
                     await self._abort_sessions_left_open(results, obj)
+                    # Their answers were given before the abort.
+                    results = [_replaced(r, session_open=False) for r in results]
                 return _merge_complete(results)
             if not any(r.pending for r in results):
                 break
