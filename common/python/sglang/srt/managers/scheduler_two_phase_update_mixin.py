@@ -788,6 +788,9 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
                     return CompleteWeightsUpdateReqOutput(
                         success=False,
                         num_buckets_received=num_received,
+                        message="flush_cache: requests are in flight; "
+                        "the apply waits for them (nothing applied here)",
+                        status_code=409,
                         ready_to_apply=True,
                         pending=True,
                     )

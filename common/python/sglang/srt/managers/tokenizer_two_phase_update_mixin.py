@@ -178,6 +178,7 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         flush, are idle). Until then each attempt blocks a scheduler for at
         most SCHEDULER_WAIT_S, so generation goes on between attempts."""
         verify = _replaced(obj, apply=False, scheduler_wait_s=SCHEDULER_WAIT_S)
+        apply = _replaced(obj, scheduler_wait_s=SCHEDULER_WAIT_S)
         while True:
             results = await self.complete_weights_update_communicator(verify)
             failed = [r for r in results if not r.success and not r.pending]
@@ -189,7 +190,13 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
                     results = [_replaced(r, session_open=False) for r in results]
                 return _merge_complete(results)
             if not any(r.pending for r in results):
-                break
+                if not obj.apply:
+                    return _merge_complete(results)
+                results = await self.complete_weights_update_communicator(apply)
+                if not all(r.pending for r in results):
+                    return _merge_complete(results)
+                # Every replica turned busy between the poll and the
+                # apply (nothing applied): poll again.
             if time.monotonic() >= deadline:
                 # The sessions stay open: complete again, or abort.
                 received = min(r.num_buckets_received for r in results)
@@ -202,10 +209,6 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
                     session_open=True,
                 )
             await asyncio.sleep(SCHEDULER_WAIT_S)
-        if not obj.apply:
-            return _merge_complete(results)
-        apply = _replaced(obj, scheduler_wait_s=SCHEDULER_WAIT_S)
-        return _merge_complete(await self.complete_weights_update_communicator(apply))
 
     async def _abort_sessions_left_open(
         self: TokenizerManager,

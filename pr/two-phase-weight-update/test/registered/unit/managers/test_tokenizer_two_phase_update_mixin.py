@@ -34,8 +34,11 @@ class Replica:
     """One DP replica's schedulers, answering as they do: `pending` polls
     before every byte is in, then a verification that passes or not."""
 
-    def __init__(self, pending: int = 0, verifies: bool = True, lock=None):
+    def __init__(
+        self, pending: int = 0, verifies: bool = True, busy_applies: int = 0, lock=None
+    ):
         self.pending = pending
+        self.busy_applies = busy_applies
         self.verifies = verifies
         self.lock = lock
         self.session_open = False
@@ -73,6 +76,11 @@ class Replica:
         if not req.apply:
             return CompleteWeightsUpdateReqOutput(
                 success=True, ready_to_apply=True, session_open=True
+            )
+        if self.busy_applies > 0:  # a request came in since the last poll
+            self.busy_applies -= 1
+            return CompleteWeightsUpdateReqOutput(
+                success=False, pending=True, ready_to_apply=True, session_open=True
             )
         self.writer_held_at_apply = self.lock._writer_active
         self.applied, self.session_open = True, False
@@ -192,6 +200,31 @@ class TestTokenizerTwoPhaseUpdate(CustomTestCase):
             self.assertTrue(replica.applied)
         # The first replica verified again while the second still received.
         self.assertGreaterEqual(replicas[0].calls.count(("verify", SESSION)), 4)
+
+    def test_an_apply_that_finds_every_replica_busy_again_waits_for_them(self):
+        replicas = [Replica(busy_applies=2), Replica(busy_applies=2)]
+        manager = self.prepared(*replicas)
+        out = run(
+            manager.complete_weights_update(
+                CompleteWeightsUpdateReqInput(session_id=SESSION, flush_cache=True)
+            )
+        )
+        self.assertTrue(out.success, out.message)
+        self.assertTrue(out.applied)
+        self.assertEqual([r.applied for r in replicas], [True, True])
+
+        replicas = [Replica(busy_applies=10**9)]
+        manager = self.prepared(*replicas, deadline_s=0.05)
+        out = run(
+            manager.complete_weights_update(
+                CompleteWeightsUpdateReqInput(session_id=SESSION, flush_cache=True)
+            )
+        )
+        self.assertFalse(out.success)
+        self.assertEqual(out.status_code, 400)
+        self.assertIn("waiting for the in-flight requests to finish", out.message)
+        self.assertTrue(out.session_open)
+        self.assertFalse(replicas[0].applied)
 
     def test_a_replica_that_fails_verification_ends_every_session_unapplied(self):
         replicas = [Replica(), Replica(verifies=False), Replica()]
