@@ -34,22 +34,12 @@ import datetime
 import json
 import os
 import random
-import socket
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def progress(rank: int, what: str) -> None:
-    print(f"rank {rank} {time.monotonic():.3f} {what}", file=sys.stderr, flush=True)
+from gpu_ranks import free_port, progress, run_ranks
 
 
 def rank_main(rank: int, port: int, buckets: int, bucket_mb: int, limit: float):
@@ -148,49 +138,22 @@ def rank_main(rank: int, port: int, buckets: int, bucket_mb: int, limit: float):
 
 def run_case(env_extra: dict, args) -> dict:
     port = free_port()
-    env = {**os.environ, **env_extra}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                __file__,
-                "--rank",
-                str(rank),
-                "--port",
-                str(port),
-                "--buckets",
-                str(args.buckets),
-                "--bucket-mb",
-                str(args.bucket_mb),
-                "--limit",
-                str(args.limit),
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    deadline = time.monotonic() + args.limit + 60
-    outcome = {"env": env_extra, "hung": False, "ranks": [], "stderr_tail": []}
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            outcome["hung"] = True
-            for p in procs:
-                p.kill()
-            out, err = proc.communicate()
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        if lines:
-            outcome["ranks"].append(json.loads(lines[-1]))
-        outcome["stderr_tail"].append(err[-800:])
-        lines = [line for line in err.splitlines() if line.startswith("rank ")]
-        outcome.setdefault("last_progress", []).append(lines[-3:])
-        out_dir = Path(os.environ.get("OUT") or "/tmp")
-        (out_dir / f"stderr-{port}-{len(outcome['last_progress'])}.log").write_text(err)
-        outcome.setdefault("exitcodes", []).append(proc.returncode)
+    flags = ["--port", str(port), "--buckets", str(args.buckets)]
+    flags += ["--bucket-mb", str(args.bucket_mb), "--limit", str(args.limit)]
+    hung, runs = run_ranks(
+        lambda rank: [sys.executable, __file__, "--rank", str(rank), *flags],
+        {**os.environ, **env_extra},
+        args.limit + 60,
+    )
+    outcome = {"env": env_extra, "hung": hung, "ranks": [], "stderr_tail": []}
+    out_dir = Path(os.environ.get("OUT") or "/tmp")
+    for k, run in enumerate(runs, start=1):
+        if run.last_json_line():
+            outcome["ranks"].append(json.loads(run.last_json_line()))
+        outcome["stderr_tail"].append(run.stderr[-800:])
+        outcome.setdefault("last_progress", []).append(run.progress_lines()[-3:])
+        (out_dir / f"stderr-{port}-{k}.log").write_text(run.stderr)
+        outcome.setdefault("exitcodes", []).append(run.returncode)
     outcome["ok"] = (
         not outcome["hung"]
         and len(outcome["ranks"]) == 2

@@ -12,7 +12,9 @@ ranks of one communicator on one GPU, and this machine has two): it sends
 each update's digests through a TCP store, waits for "ready", broadcasts the
 flattened buckets with random pauses, and waits for "applied". So on both
 GPUs the update group's kernels and the TP all-reduces interleave in
-varying orders while the receiver digests each bucket as it lands.
+varying orders while the receiver digests each bucket as it lands. With
+--trainer-process (3 GPUs) the trainer is a process of its own on GPU 0,
+as in a deployment, and TP ranks 1 and 2 both receive.
 
 For each update it records whether every bucket arrived and verified, and
 whether every layer of the live model then holds exactly that update's
@@ -33,8 +35,6 @@ import datetime
 import json
 import os
 import random
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -42,18 +42,9 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from gpu_ranks import free_port, progress, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def progress(rank: int, what: str) -> None:
-    print(f"rank {rank} {time.monotonic():.3f} {what}", file=sys.stderr, flush=True)
 
 
 def layer_value(update: int, layer: int) -> float:
@@ -90,20 +81,26 @@ def rank_main(rank: int, args) -> None:
 
     torch.cuda.set_device(rank)
     device = torch.device("cuda", rank)
+    # Rank 0 sends: a trainer process of its own (3 GPUs), or on a side
+    # thread of TP rank 0 (2 GPUs). The TP ranks serve; all but rank 0 receive.
+    world = 3 if args.trainer_process else 2
+    tp_ranks = [1, 2] if args.trainer_process else [0, 1]
+    receivers = [r for r in range(1, world)]
     timeout = datetime.timedelta(seconds=args.limit)
     dist.init_process_group(
         "nccl",
         init_method=f"tcp://127.0.0.1:{args.port}",
         rank=rank,
-        world_size=2,
+        world_size=world,
         timeout=timeout,
         device_id=device,
     )
-    tp = dist.new_group([0, 1], backend="nccl", timeout=timeout)
-    update_group = dist.new_group([0, 1], backend="nccl", timeout=timeout)
-    store = dist.TCPStore("127.0.0.1", args.store_port, 2, rank == 0, timeout)
+    tp = dist.new_group(tp_ranks, backend="nccl", timeout=timeout)
+    update_group = dist.new_group(list(range(world)), backend="nccl", timeout=timeout)
+    store = dist.TCPStore("127.0.0.1", args.store_port, world, rank == 0, timeout)
     warm = torch.ones(1, device=device)
-    dist.all_reduce(warm, group=tp)
+    if rank in tp_ranks:
+        dist.all_reduce(warm, group=tp)
     dist.broadcast(warm, src=0, group=update_group)
     torch.cuda.synchronize()
     progress(rank, "warm")
@@ -147,7 +144,7 @@ def rank_main(rank: int, args) -> None:
                         for members in layout
                     ]
                     store.set(f"meta{update}", json.dumps(meta))
-                    store.wait([f"ready{update}"])
+                    store.wait([f"ready{update}-{r}" for r in receivers])
                     progress(rank, f"update {update}: engine ready")
                     for k, members in enumerate(layout):
                         time.sleep(rng.random() * 0.004)
@@ -158,7 +155,7 @@ def rank_main(rank: int, args) -> None:
                         )
                         work.wait()
                         stream.synchronize()
-                    store.wait([f"applied{update}"])
+                    store.wait([f"applied{update}-{r}" for r in receivers])
                     sender["updates"] += 1
                     progress(rank, f"sent update {update}")
         except Exception as e:  # reported
@@ -172,6 +169,12 @@ def rank_main(rank: int, args) -> None:
         else:
             torch.cuda.current_stream().synchronize()
 
+    if rank not in tp_ranks:  # a trainer process: it only sends
+        send_updates()
+        print(json.dumps({"rank": rank, "sender": sender, "updates": []}), flush=True)
+        dist.destroy_process_group()
+        return
+
     hidden = torch.randn(8, dim, device=device)
     steps_alone, started = 1000, time.perf_counter()
     for step in range(steps_alone):
@@ -184,7 +187,7 @@ def rank_main(rank: int, args) -> None:
     thread = threading.Thread(target=send_updates) if rank == 0 else None
     if thread is not None:
         thread.start()
-    shadow = ShadowParameters([model], "device") if rank == 1 else None
+    shadow = ShadowParameters([model], "device") if rank in receivers else None
     pool = StagingPool(device)
     receiver, update, updates = None, 0, []
     steps, started = 0, time.perf_counter()
@@ -196,7 +199,7 @@ def rank_main(rank: int, args) -> None:
         steps += 1
         if rng.random() < 0.1:
             time.sleep(rng.random() * 0.003)
-        if rank == 1 and update < args.updates:
+        if rank in receivers and update < args.updates:
             if receiver is None and store.check([f"meta{update}"]):
                 # prepare, between two steps
                 meta = json.loads(store.get(f"meta{update}"))
@@ -213,7 +216,7 @@ def rank_main(rank: int, args) -> None:
                 prepared_at = steps
                 seen = -1
                 progress(rank, f"update {update}: prepared")
-                store.set(f"ready{update}", "1")
+                store.set(f"ready{update}-{rank}", "1")
             elif receiver is not None and receiver.stats.buckets_received != seen:
                 seen = receiver.stats.buckets_received
                 progress(rank, f"update {update}: {seen} buckets received")
@@ -241,8 +244,10 @@ def rank_main(rank: int, args) -> None:
                     }
                 )
                 progress(rank, f"applied update {update}: {updates[-1]}")
-                store.set(f"applied{update}", "1")
-                receiver, update = None, update + 1
+                store.set(f"applied{update}-{rank}", "1")
+                # A failed update ends the run here: its group is gone.
+                receiver = None
+                update = update + 1 if applied else args.updates
         if steps % 16 == 0:  # stop together once the updates are over
             done = (
                 not thread.is_alive() if thread is not None else update == args.updates
@@ -275,46 +280,36 @@ def run_case(case: dict, args) -> dict:
     env_extra, sync, digests = case["env"], case["sync"], case["digests"]
     env = {**os.environ, **env_extra}
     common = ["--port", str(free_port()), "--store-port", str(free_port())]
-    for flag in ("updates", "layers", "dim", "layers_per_bucket", "limit"):
+    for flag in ("updates", "layers", "dim", "layers_per_bucket", "limit", "grace"):
         common += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     common += ["--sync", sync] + ([] if digests else ["--no-digests"])
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, "--rank", str(rank), *common],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    deadline = time.monotonic() + args.limit + 15
-    outcome = {**case, "hung": False, "ranks": [], "stderr_tail": []}
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            outcome["hung"] = True
-            for p in procs:
-                p.kill()
-            out, err = proc.communicate()
-        lines = [line for line in out.splitlines() if line.startswith("{")]
-        if lines:
-            outcome["ranks"].append(json.loads(lines[-1]))
-        progress_lines = [line for line in err.splitlines() if line.startswith("rank ")]
-        outcome["stderr_tail"].append(progress_lines[-12:])
-        outcome.setdefault("exitcodes", []).append(proc.returncode)
-    engine = [r for r in outcome["ranks"] if r["rank"] == 1]
+    world = 3 if args.trainer_process else 2
+    if args.trainer_process:
+        common.append("--trainer-process")
+    hung, runs = run_ranks(
+        lambda rank: [sys.executable, __file__, "--rank", str(rank), *common],
+        env,
+        args.limit + args.grace,
+        world,
+    )
+    outcome = {**case, "hung": hung, "ranks": [], "stderr_tail": []}
+    for run in runs:
+        if run.last_json_line():
+            outcome["ranks"].append(json.loads(run.last_json_line()))
+        outcome["stderr_tail"].append(run.progress_lines()[-12:])
+        outcome.setdefault("exitcodes", []).append(run.returncode)
+    engines = [r for r in outcome["ranks"] if r["rank"] > 0]
     trainer = [r for r in outcome["ranks"] if r["rank"] == 0]
     outcome["ok"] = (
         not outcome["hung"]
-        and len(engine) == 1
+        and len(engines) == world - 1
         and len(trainer) == 1
         and trainer[0]["sender"]["error"] is None
-        and len(engine[0]["updates"]) == args.updates
+        and all(len(engine["updates"]) == args.updates for engine in engines)
         and all(
             u["applied"] and not u["errors"] and not u["layers_not_this_update"]
-            for u in engine[0]["updates"]
+            for engine in engines
+            for u in engine["updates"]
         )
     )
     return outcome
@@ -330,9 +325,20 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=4096)
     parser.add_argument("--layers-per-bucket", type=int, default=2)
     parser.add_argument("--limit", type=float, default=60.0)
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=15.0,
+        help="seconds past --limit before the ranks count as hung and are killed",
+    )
     parser.add_argument("--sync", choices=["device", "stream"], default="stream")
     parser.add_argument("--no-digests", dest="digests", action="store_false")
     parser.add_argument("--cases", default="all")
+    parser.add_argument(
+        "--trainer-process",
+        action="store_true",
+        help="3 GPUs: the trainer is a process of its own, TP ranks 1 and 2 receive",
+    )
     args = parser.parse_args()
     if args.rank is not None:
         rank_main(args.rank, args)
@@ -362,12 +368,18 @@ def main() -> None:
         "layers": args.layers,
         "dim": args.dim,
         "layers_per_bucket": args.layers_per_bucket,
+        "trainer": (
+            "its own process" if args.trainer_process else "TP rank 0's side thread"
+        ),
         "bucket_mb": args.layers_per_bucket * args.dim * args.dim * 4 / 2**20,
         "cases": [run_case(case, args) for case in cases],
     }
     out_dir = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
     out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"gpu-tp-staged-receiver-{datetime.date.today().isoformat()}.json"
+    name = "gpu-tp-staged-receiver" + (
+        "-trainer-process" if args.trainer_process else ""
+    )
+    path = out_dir / f"{name}-{datetime.date.today().isoformat()}.json"
     path.write_text(json.dumps(results, indent=1))
     for case in results["cases"]:
         print(
