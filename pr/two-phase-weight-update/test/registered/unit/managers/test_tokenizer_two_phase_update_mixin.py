@@ -313,6 +313,36 @@ class TestTokenizerTwoPhaseUpdate(CustomTestCase):
         self.assertTrue(out.applied, out.message)
         self.assertTrue(replicas[0].writer_held_at_apply)
 
+    def test_a_drain_that_times_out_after_another_caller_applied_says_so(self):
+        replicas = [Replica()]
+        manager = self.prepared(*replicas, deadline_s=0.2)
+        lock = manager.model_update_lock
+
+        async def scenario():
+            await lock.acquire_reader()  # a request in flight
+            drained = asyncio.ensure_future(
+                manager.complete_weights_update(
+                    CompleteWeightsUpdateReqInput(session_id=SESSION, drain=True)
+                )
+            )
+            while not lock._waiting_writers:  # the drain waits for it
+                await asyncio.sleep(0.001)
+            # Meanwhile another caller completes in place.
+            other = await manager.complete_weights_update(
+                CompleteWeightsUpdateReqInput(session_id=SESSION)
+            )
+            out = await drained
+            await lock.release_reader()
+            return other, out
+
+        other, out = run(scenario())
+        self.assertTrue(other.applied, other.message)
+        self.assertFalse(out.success)
+        self.assertEqual(out.status_code, 409)
+        self.assertIn("no weight update session is open", out.message)
+        self.assertNotIn("complete again", out.message)
+        self.assertFalse(out.ready_to_apply)
+
     def test_by_default_complete_applies_in_place_without_the_writer_lock(self):
         replicas = [Replica()]
         manager = self.prepared(*replicas)
