@@ -147,6 +147,11 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         if holds_requests_back and not await acquire_writer_before(
             self.model_update_lock, deadline
         ):
+            # Another caller may have completed or aborted the session
+            # meanwhile: answer how it stands, not a stale "complete again".
+            current = await self._complete_before(verify, time.monotonic(), timeout)
+            if not current.success:
+                return current
             return CompleteWeightsUpdateReqOutput(
                 success=False,
                 num_buckets_received=result.num_buckets_received,

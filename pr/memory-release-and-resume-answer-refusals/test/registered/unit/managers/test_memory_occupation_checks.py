@@ -1,11 +1,17 @@
 """Unit tests for the checks a memory release or resume makes before it
 changes anything — no server."""
 
+import multiprocessing as mp
+import socket
 import types
 import unittest
+from datetime import timedelta
+
+import torch.distributed as dist
 
 from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
 from sglang.srt.managers.memory_occupation_checks import (
+    agreed_refusal,
     memory_release_refusal,
     memory_resume_refusal,
     raise_refusals,
@@ -88,6 +94,39 @@ class TestRaiseRefusals(CustomTestCase):
         with self.assertRaises(ValueError) as caught:
             raise_refusals([_output(False, "busy"), _output(False, "busy")], "x")
         self.assertEqual(str(caught.exception), "busy")
+
+
+def agree(rank, port, refusal, answers):
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    answers.put((rank, agreed_refusal(refusal, dist.group.WORLD)))
+    dist.destroy_process_group()
+
+
+class TestAgreedRefusal(CustomTestCase):
+    def test_alone_a_rank_keeps_its_own_answer(self):
+        self.assertIsNone(agreed_refusal(None, None))
+        self.assertEqual(agreed_refusal("busy", None), "busy")
+
+    def test_every_rank_refuses_when_one_does(self):
+        """With attention data parallelism each rank holds its own requests:
+        one busy rank refusing while the other released left it in a
+        barrier."""
+        ctx = mp.get_context("spawn")
+        answers = ctx.Queue()
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        ranks = [
+            ctx.Process(target=agree, args=(rank, port, refusal, answers))
+            for rank, refusal in ((0, None), (1, "rank 1 is not idle"))
+        ]
+        for process in ranks:
+            process.start()
+        got = dict(answers.get(timeout=60) for _ in ranks)
+        for process in ranks:
+            process.join(30)
+        self.assertEqual(got, {0: "rank 1 is not idle", 1: "rank 1 is not idle"})
 
 
 if __name__ == "__main__":

@@ -48,6 +48,27 @@ class TinyModel(nn.Module):
             params[name].data.copy_(tensor)
 
 
+class TiedModel(nn.Module):
+    """The output head tied to the embedding, as SGLang's Llama ties them:
+    one parameter, two names; the loader skips the head's (a trainer's
+    state_dict names both)."""
+
+    stacked_params_mapping = []
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(5, 3)
+        self.lm_head = self.embed
+        self.embed.weight.requires_grad_(False)
+
+    def load_weights(self, weights):
+        params = dict(self.named_parameters())
+        for name, tensor in weights:
+            if name == "lm_head.weight":
+                continue
+            params[name].data.copy_(tensor)
+
+
 class OneRankScheduler(SchedulerTwoPhaseUpdateMixin):
     """What the mixin reads of a scheduler (two_phase_update_protocols.py),
     for TP rank 0 of a TP size of 1."""
@@ -312,6 +333,18 @@ class TestSchedulerTwoPhaseUpdate(CustomTestCase):
         self.assertIn("--weight-update-staging-budget-mb", out.message)
         self.assert_no_session_open()
         self.assert_serving(self.old)
+
+    def test_a_tied_models_alias_is_a_name_prepare_knows(self):
+        tied = TiedModel()
+        self.scheduler = OneRankScheduler(tied, self.scheduler.groups)
+        embedding = torch.randn(5, 3)
+        sent = {"embed.weight": embedding, "lm_head.weight": embedding}
+        ready = self.prepare(self.buckets(sent))
+        self.assertEqual(ready.status, "ready", ready.message)
+        self.send(sent)
+        out = self.complete()
+        self.assertTrue(out.applied, out.message)
+        self.assertTrue(torch.equal(tied.embed.weight, embedding))
 
     def test_complete_before_the_buckets_arrive_leaves_the_session_open(self):
         self.assertEqual(self.prepare().status, "ready")
