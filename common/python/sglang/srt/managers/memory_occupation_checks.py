@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Collection, List, Optional, Sequence
 
+import torch
+
 from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
 
 
@@ -58,6 +60,19 @@ def memory_resume_refusal(
             f"{', '.join(sorted(released)) or 'none'}); nothing was resumed"
         )
     return None
+
+
+def agreed_refusal(refusal: Optional[str], group) -> Optional[str]:
+    """The refusal every rank of `group` (the TP CPU group) acts on: the
+    first rank's, if any refused. With attention data parallelism each
+    rank holds its own requests, so ranks may see idleness differently; a
+    rank that refused while the others released left them waiting in a
+    barrier. A collective: every rank of the group must call it."""
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return refusal
+    refusals: List[Optional[str]] = [None] * torch.distributed.get_world_size(group)
+    torch.distributed.all_gather_object(refusals, refusal, group=group)
+    return next((r for r in refusals if r is not None), None)
 
 
 def raise_refusals(outputs: Sequence, done: str) -> None:

@@ -160,7 +160,9 @@ def _known_name_checker(model) -> Optional[Callable[[str], bool]]:
     mapping = getattr(model, "stacked_params_mapping", None)
     if mapping is None:
         return None
-    params = {name for name, _ in model.named_parameters()}
+    # Tied aliases too: a trainer's state_dict names lm_head.weight
+    # beside embed_tokens.weight, and the loader skips it.
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
 
     def is_known(name: str) -> bool:
         if name in params:

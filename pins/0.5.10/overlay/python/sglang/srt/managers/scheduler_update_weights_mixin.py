@@ -173,11 +173,15 @@ class SchedulerUpdateWeightsMixin:
     def release_memory_occupation(
         self: Scheduler, recv_req: ReleaseMemoryOccupationReqInput
     ):
-        from sglang.srt.managers.memory_occupation_checks import memory_release_refusal
+        from sglang.srt.managers.memory_occupation_checks import (
+            agreed_refusal,
+            memory_release_refusal,
+        )
 
         refused = memory_release_refusal(
             recv_req.tags, self.offload_tags, self.is_fully_idle()
         )
+        refused = agreed_refusal(refused, self.tp_cpu_group)
         if refused is not None:
             return ReleaseMemoryOccupationReqOutput(success=False, message=refused)
         assert (

@@ -398,13 +398,17 @@ class SchedulerWeightUpdaterManager:
         return EndWeightUpdateReqOutput(success=True, message="Success")
 
     def release_memory_occupation(self, recv_req: ReleaseMemoryOccupationReqInput):
-        from sglang.srt.managers.memory_occupation_checks import memory_release_refusal
+        from sglang.srt.managers.memory_occupation_checks import (
+            agreed_refusal,
+            memory_release_refusal,
+        )
 
         scheduler = self.scheduler
         idle = self.is_fully_idle(
             ignore_waiting=scheduler is not None and scheduler._engine_paused
         )
         refused = memory_release_refusal(recv_req.tags, self.offload_tags, idle)
+        refused = agreed_refusal(refused, self.tp_cpu_group)
         if refused is not None:
             return ReleaseMemoryOccupationReqOutput(success=False, message=refused)
         assert self.is_fully_idle(
