@@ -93,7 +93,8 @@ def rank_main(rank: int, args) -> None:
         rank=rank,
         world_size=world,
         timeout=timeout,
-        device_id=device,
+        # Bound to a device, torch makes each group's communicator at once.
+        device_id=device if args.warm_update_group else None,
     )
     tp = dist.new_group(tp_ranks, backend="nccl", timeout=timeout)
     update_group = dist.new_group(list(range(world)), backend="nccl", timeout=timeout)
@@ -101,7 +102,8 @@ def rank_main(rank: int, args) -> None:
     warm = torch.ones(1, device=device)
     if rank in tp_ranks:
         dist.all_reduce(warm, group=tp)
-    dist.broadcast(warm, src=0, group=update_group)
+    if args.warm_update_group:
+        dist.broadcast(warm, src=0, group=update_group)
     torch.cuda.synchronize()
     progress(rank, "warm")
 
@@ -283,6 +285,8 @@ def run_case(case: dict, args) -> dict:
     for flag in ("updates", "layers", "dim", "layers_per_bucket", "limit", "grace"):
         common += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
     common += ["--sync", sync] + ([] if digests else ["--no-digests"])
+    if not args.warm_update_group:
+        common.append("--lazy-update-group")
     world = 3 if args.trainer_process else 2
     if args.trainer_process:
         common.append("--trainer-process")
@@ -335,6 +339,13 @@ def main() -> None:
     parser.add_argument("--no-digests", dest="digests", action="store_false")
     parser.add_argument("--cases", default="all")
     parser.add_argument(
+        "--lazy-update-group",
+        dest="warm_update_group",
+        action="store_false",
+        help="no warm-up broadcast: the update group's communicator is made by "
+        "its first broadcast, on the receiver's thread, while the TP ranks serve",
+    )
+    parser.add_argument(
         "--trainer-process",
         action="store_true",
         help="3 GPUs: the trainer is a process of its own, TP ranks 1 and 2 receive",
@@ -371,6 +382,11 @@ def main() -> None:
         "trainer": (
             "its own process" if args.trainer_process else "TP rank 0's side thread"
         ),
+        "update_group_communicator": (
+            "made by a warm-up broadcast before serving"
+            if args.warm_update_group
+            else "made by its first broadcast, on the receiver's thread"
+        ),
         "bucket_mb": args.layers_per_bucket * args.dim * args.dim * 4 / 2**20,
         "cases": [run_case(case, args) for case in cases],
     }
@@ -379,6 +395,7 @@ def main() -> None:
     name = "gpu-tp-staged-receiver" + (
         "-trainer-process" if args.trainer_process else ""
     )
+    name += "" if args.warm_update_group else "-lazy-update-group"
     path = out_dir / f"{name}-{datetime.date.today().isoformat()}.json"
     path.write_text(json.dumps(results, indent=1))
     for case in results["cases"]:
