@@ -85,7 +85,7 @@ def rank_main(rank: int, args) -> None:
     # thread of TP rank 0 (2 GPUs). The TP ranks serve; all but rank 0 receive.
     world = 3 if args.trainer_process else 2
     tp_ranks = [1, 2] if args.trainer_process else [0, 1]
-    receivers = [r for r in range(1, world)]
+    receivers = list(range(1, world))
     timeout = datetime.timedelta(seconds=args.limit)
     dist.init_process_group(
         "nccl",
