@@ -162,6 +162,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         map_problems += [f"{version}: pull-request series: {p}" for p in problems]
         pr_commits[version] = [(c.name, c.message) for c in commits]
     map_problems += pr_files.check_pr_files(root, pr_commits)
+    map_problems += pr_series.check_pull_descriptions(root)
     if mapped:
         map_problems += releases.check_map(root, list(every_series))
         map_problems += matrix.check_table(root)
@@ -399,6 +400,8 @@ def _checkout_cmd(fn):
             patches = pr_series.write_patches(layout, commits, Path(tmp))
             extra["generated"] = {}
             extra["extras"] = pr_files.pr_files_of(layout.root, patches)
+            plan = pr_series.read_plan(layout.root)
+            extra["stack"] = pr_series.stacked_pulls(plan, commits)
             print(fn(Path(args.sglang_dir), layout.pin(), patches, **extra))
         return 0
 

@@ -828,11 +828,14 @@ def pr_branch(
     author: str | None = None,
     generated: dict[str, str] | None = None,
     extras: dict[str, dict[str, bytes]] | None = None,
+    stack: list[tuple[str, int]] | None = None,
 ) -> str:
     """A branch off HEAD with one commit per patch, by `author`, each signed
     off by the author and dated now; the checkout is untouched. `extras`:
     {patch file name: {path: bytes}}, files its commit adds beside the
-    patch's changes (its unit tests and docs page)."""
+    patch's changes (its unit tests and docs page). `stack`: the stacked
+    pull requests, [(name, how many of the patches in turn it takes)]; each
+    named one gets a branch `<branch>-<name>` at its last commit."""
     target = check_tree(tree, pin)
     if target.kind != "checkout" or not target.is_git:
         raise CheckoutError(
@@ -843,13 +846,15 @@ def pr_branch(
     name, mail = resolve_author(repo, author)
     generated = _generated_for(patches, generated)
     branch = branch or f"rlsync/{pin.version}-series{pin.series}"
-    exists = git(
-        repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
-    )
-    if exists.returncode == 0:
-        raise CheckoutError(
-            f"branch {branch} already exists in {repo}; delete it first"
+    pulls = [(f"{branch}-{name}", count) for name, count in stack or [] if name]
+    for each in [branch] + [name for name, _ in pulls]:
+        exists = git(
+            repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{each}", check=False
         )
+        if exists.returncode == 0:
+            raise CheckoutError(
+                f"branch {each} already exists in {repo}; delete it first"
+            )
     # Dates are now: no GIT_*_DATE from the caller's environment either.
     env = {"GIT_COMMITTER_NAME": name, "GIT_COMMITTER_EMAIL": mail}
     with tempfile.TemporaryDirectory() as tmp:
@@ -895,6 +900,14 @@ def pr_branch(
                         "(a commit hook of the checkout?); the branch was "
                         f"removed:\n{proc.stdout}{proc.stderr}"
                     )
+            if pulls:
+                made = git(
+                    scratch, "rev-list", "--reverse", f"HEAD~{len(patches)}..HEAD"
+                )
+                commits, end = made.stdout.split(), 0
+                for pull_branch, taken in pulls:
+                    end += taken
+                    git(repo, "branch", pull_branch, commits[end - 1])
         finally:
             git(repo, "worktree", "remove", "--force", str(scratch), check=False)
             git(repo, "worktree", "prune", check=False)
@@ -904,4 +917,13 @@ def pr_branch(
     if dirty.strip():
         files = ", ".join(line[3:] for line in dirty.splitlines())
         note = f"\nnote: uncommitted edits are not on the branch (it starts at HEAD): {files}"
-    return f"created branch {branch} in {repo} with {count} commits by {name} <{mail}>{note}"
+    stacked = ""
+    if pulls:
+        bases = ["HEAD"] + [name for name, _ in pulls]
+        stacked = "\nstacked pull requests: " + ", ".join(
+            f"{each} ({n} commits, on {base})" for (each, n), base in zip(pulls, bases)
+        )
+    return (
+        f"created branch {branch} in {repo} with {count} commits by {name} "
+        f"<{mail}>{stacked}{note}"
+    )

@@ -22,6 +22,8 @@ from pathlib import Path
 PR_DIR = "pr"
 # The messages of the pull-request series' own commits (`pr_series`).
 MESSAGES_DIR = "messages"
+# The descriptions of its stacked pull requests (`pr_series`).
+PULLS_DIR = "pulls"
 # Where upstream keeps what a pull request adds beside the code.
 UNIT_TESTS = "test/registered/unit/"
 DOCS = "docs/"
@@ -67,7 +69,7 @@ def check_pr_files(root: Path, commits: dict[str, list[tuple[str, str]]]) -> lis
     problems = []
     added: dict[str, str] = {}
     for folder in sorted(p for p in top.iterdir() if p.is_dir()):
-        if folder.name == MESSAGES_DIR:
+        if folder.name in (MESSAGES_DIR, PULLS_DIR):
             continue
         where = f"{PR_DIR}/{folder.name}"
         if folder.name not in names:

@@ -19,7 +19,11 @@ line belongs to the patch that first wrote its slot, in its final form.
     commit <name> <selector> [<selector> ...]
         a selector is `<patch>` or `@<set>`, optionally `:<path glob>`: the
         first commit with a selector matching (patch, file) takes that
-        patch's lines in that file; every such pair must match one.
+        patch's lines in that file; every such pair must match one;
+    pr <name>
+        the commits below it, to the next `pr` line, are one pull request
+        (stacked: each on the one above); its description is
+        `pr/pulls/<name>.md`. With no `pr` line the commits are one.
 
 A commit's message is `pr/messages/<commit>` where there is one, else its
 patch's (a commit named as a patch), less the series' own trailers
@@ -44,7 +48,7 @@ from devtools.line_origins import (
     line_origins,
     pristine_texts,
 )
-from devtools.pr_files import MESSAGES_DIR, PR_DIR
+from devtools.pr_files import MESSAGES_DIR, PR_DIR, PULLS_DIR
 from devtools.series import IDENTITY, Layout, SeriesError, ensure_upstream, git
 
 PLAN_FILE = "series"
@@ -59,6 +63,8 @@ class Plan:
 
     drops: set[str] = field(default_factory=set)
     commits: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
+    # The stacked pull requests: (name, its commits' names), in order.
+    pulls: list[tuple[str, list[str]]] = field(default_factory=list)
 
     def commit_of(self, patch: str, path: str) -> str | None:
         """The commit that takes `patch`'s lines in `path` (None: dropped)."""
@@ -88,8 +94,11 @@ def read_plan(root: Path) -> Plan:
     if not path.is_file():
         return plan
     names: set[str] = set()
+    pulls: set[str] = set()
     sets: dict[str, list[str]] = {}
-    for lineno, raw in enumerate(path.read_text().splitlines(), 1):
+    text = path.read_text()
+    stacked = bool(pulls_named(text))
+    for lineno, raw in enumerate(text.splitlines(), 1):
         words = raw.split("#", 1)[0].split()
         where = f"{PR_DIR}/{PLAN_FILE}:{lineno}"
         if not words:
@@ -108,13 +117,68 @@ def read_plan(root: Path) -> Plan:
                 for each in sets[patch[1:]] if patch.startswith("@") else [patch]:
                     selectors.append((each, glob or "*"))
             plan.commits.append((words[1], selectors))
+            if plan.pulls:
+                plan.pulls[-1][1].append(words[1])
+            elif stacked:
+                raise SeriesError(
+                    f"{where}: commit {words[1]} is in no pull request (a 'pr "
+                    "<name>' line above every commit, once there is one)"
+                )
+        elif words[0] == "pr" and len(words) == 2 and words[1] not in pulls:
+            pulls.add(words[1])
+            plan.pulls.append((words[1], []))
         else:
             raise SeriesError(
-                f"{where}: expected 'drop <patch>', 'set <name> = <patch>...' or "
-                "'commit <name> <patch or @set>[:<path glob>]...' (each commit "
-                "named once)"
+                f"{where}: expected 'drop <patch>', 'set <name> = <patch>...', "
+                "'commit <name> <patch or @set>[:<path glob>]...' or 'pr <name>' "
+                "(each commit and pull request named once)"
             )
     return plan
+
+
+def pulls_named(text: str) -> list[str]:
+    """The names of a plan's `pr` lines, in order."""
+    found = (line.split("#", 1)[0].split() for line in text.splitlines())
+    return [words[1] for words in found if len(words) == 2 and words[0] == "pr"]
+
+
+def stacked_pulls(plan: Plan, commits: list[Commit]) -> list[tuple[str, int]]:
+    """(pull request, how many of `commits` it takes), in order: the pull
+    requests with a commit on this pin; one, unnamed (""), without `pr`
+    lines."""
+    if not plan.pulls:
+        return [("", len(commits))]
+    present = {commit.name for commit in commits}
+    counts = [(name, sum(n in present for n in names)) for name, names in plan.pulls]
+    return [(name, count) for name, count in counts if count]
+
+
+def check_pull_descriptions(root: Path) -> list[str]:
+    """Each pull request of `pr/series` has its description, a title line
+    and a body, and each description names one."""
+    plan_file = root / PR_DIR / PLAN_FILE
+    if not plan_file.is_file():
+        return []
+    names = pulls_named(plan_file.read_text())
+    folder = root / PR_DIR / PULLS_DIR
+    problems = []
+    for name in names:
+        path = folder / f"{name}.md"
+        where = path.relative_to(root)
+        if not path.is_file():
+            problems.append(f"{where}: pull request {name} has no description")
+            continue
+        title, _, body = path.read_text().partition("\n\n")
+        if "\n" in title.strip() or not title.strip() or not body.strip():
+            problems.append(f"{where}: a title line, a blank line, then the body")
+    if folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            if path.suffix != ".md" or path.stem not in names:
+                problems.append(
+                    f"{path.relative_to(root)}: no 'pr {path.stem}' line in "
+                    f"{PR_DIR}/{PLAN_FILE}"
+                )
+    return problems
 
 
 def _stage_text(lines: list[Line], upto: int, index: dict[str, int]) -> list[str]:

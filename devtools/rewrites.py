@@ -17,7 +17,6 @@ Standard library only, as the rest of devtools.
 
 from __future__ import annotations
 
-
 from devtools.line_origins import HUNK, UPSTREAM, file_diffs, pristine_texts
 from devtools.series import Layout, SeriesError
 

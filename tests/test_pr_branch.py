@@ -86,6 +86,27 @@ def path_in(repo: Path, path: str) -> bool:
     return proc.returncode == 0
 
 
+def test_each_pull_request_is_a_branch_stacked_on_the_one_before(branch):
+    """pr/series' `pr` lines: a branch `<branch>-<pr>` at the last commit of
+    each, holding exactly the commits before it in the plan's order."""
+    repo, name = branch
+    plan = pr_series.read_plan(ROOT)
+    stack = pr_series.stacked_pulls(plan, pr_series.cut(LAYOUT))
+    assert len(stack) >= 3 and all(pull for pull, _ in stack)
+    commits = list(commits_of(repo, name).values())
+    base, end = "main", 0
+    for pull, count in stack:
+        end += count
+        tip = sh(repo, "rev-parse", f"{name}-{pull}").strip()
+        assert tip == commits[end - 1], pull
+        assert len(sh(repo, "rev-list", f"{base}..{name}-{pull}").split()) == count
+        base = f"{name}-{pull}"
+    assert end == len(commits)
+    pulls = {pull: names for pull, names in plan.pulls}
+    assert "secret-redaction" in pulls[stack[0][0]]
+    assert "two-phase-weight-update" not in pulls[stack[0][0]]
+
+
 def test_no_commit_of_the_branch_imports_what_a_later_one_adds():
     assert pr_series.stage_problems(LAYOUT, pr_series.cut(LAYOUT)) == []
 

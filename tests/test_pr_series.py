@@ -101,6 +101,45 @@ def test_a_plan_takes_every_patch_and_file_or_names_what_it_misses(tmp_path: Pat
         pr_series.read_plan(tmp_path)
 
 
+def test_pr_lines_stack_the_commits_into_pull_requests(tmp_path: Path):
+    (tmp_path / "pr").mkdir()
+    series = tmp_path / "pr" / "series"
+    series.write_text("pr one\ncommit a A\ncommit b B\npr two\ncommit c C\n")
+    plan = pr_series.read_plan(tmp_path)
+    assert plan.pulls == [("one", ["a", "b"]), ("two", ["c"])]
+    commits = [pr_series.Commit(name, "m\n", {}) for name in ("a", "c")]
+    # A pin whose series lacks B: one still takes a; a pull request with no
+    # commit on the pin is left out.
+    assert pr_series.stacked_pulls(plan, commits) == [("one", 1), ("two", 1)]
+    assert pr_series.stacked_pulls(plan, commits[:1]) == [("one", 1)]
+    series.write_text("commit a A\ncommit b B\n")
+    assert pr_series.stacked_pulls(pr_series.read_plan(tmp_path), commits) == [("", 2)]
+    series.write_text("commit a A\npr one\ncommit b B\n")
+    with pytest.raises(SeriesError, match="commit a is in no pull request"):
+        pr_series.read_plan(tmp_path)
+    series.write_text("pr one\ncommit a A\npr one\ncommit b B\n")
+    with pytest.raises(SeriesError, match="pull request named once"):
+        pr_series.read_plan(tmp_path)
+
+
+def test_each_pull_request_has_a_description_and_each_description_one(
+    tmp_path: Path,
+):
+    (tmp_path / "pr" / "pulls").mkdir(parents=True)
+    (tmp_path / "pr" / "series").write_text("pr one\ncommit a A\npr two\n")
+    (tmp_path / "pr" / "pulls" / "one.md").write_text("Title\n\nBody.\n")
+    (tmp_path / "pr" / "pulls" / "three.md").write_text("Title\n\nBody.\n")
+    assert pr_series.check_pull_descriptions(tmp_path) == [
+        "pr/pulls/two.md: pull request two has no description",
+        "pr/pulls/three.md: no 'pr three' line in pr/series",
+    ]
+    (tmp_path / "pr" / "pulls" / "three.md").unlink()
+    (tmp_path / "pr" / "pulls" / "two.md").write_text("Title\nno blank line\n")
+    assert pr_series.check_pull_descriptions(tmp_path) == [
+        "pr/pulls/two.md: a title line, a blank line, then the body"
+    ]
+
+
 def test_a_name_a_commit_reads_but_never_binds_is_found():
     """What broke four commits of a cut once: a field typed by a name the
     file imports only at a later commit, and a lambda's parameter whose
