@@ -197,11 +197,19 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             if not any(r.pending for r in results):
                 if not obj.apply:
                     return _merge_complete(results)
+                if len(results) > 1 and obj.flush_cache:
+                    # The commit under data parallelism: every replica
+                    # verified and was idle. A request can reach one since
+                    # (another tokenizer worker's); that replica must not
+                    # refuse the apply, or the replicas would serve different
+                    # weights: it applies in place, and flushes its cache
+                    # only if idle.
+                    apply.flush_cache = None
                 results = await self.complete_weights_update_communicator(apply)
-                if not all(r.pending for r in results):
-                    return _merge_complete(results)
-                # Every replica turned busy between the poll and the
-                # apply (nothing applied): poll again.
+                if len(results) > 1 or not results[0].pending:
+                    return _merge_complete(results, flush_asked=bool(obj.flush_cache))
+                # The scheduler turned busy between the poll and the apply
+                # (nothing applied): poll again.
             if time.monotonic() >= deadline:
                 # The sessions stay open: complete again, or abort.
                 received = min(r.num_buckets_received for r in results)
@@ -262,7 +270,7 @@ def _replaced(obj: Any, **changes: Any) -> Any:
 
 
 def _merge_complete(
-    results: List[CompleteWeightsUpdateReqOutput],
+    results: List[CompleteWeightsUpdateReqOutput], flush_asked: bool = False
 ) -> CompleteWeightsUpdateReqOutput:
     """One answer for every DP replica (the only one without data parallelism)."""
     if len(results) == 1:
@@ -274,8 +282,13 @@ def _merge_complete(
         message = "some DP replicas applied and others did not: " + first.message
     else:
         message = first.message
-    if not failed and len({r.cache_flushed for r in results}) > 1:
-        message += "; the cache was flushed only where no request was in flight"
+    flushed = sum(r.cache_flushed for r in results)
+    if applied and not failed and (flush_asked or flushed) and flushed < len(results):
+        message += (
+            f"; the cache was flushed on {flushed} of {len(results)} DP replicas "
+            "(requests reached the others after the check; they go on, in place, "
+            "on the new weights): call /flush_cache once they are idle"
+        )
     return _replaced(
         first,
         success=not failed,

@@ -77,11 +77,13 @@ class Replica:
             return CompleteWeightsUpdateReqOutput(
                 success=True, ready_to_apply=True, session_open=True
             )
-        if self.busy_applies > 0:  # a request came in since the last poll
+        busy = self.busy_applies > 0  # a request came in since the last poll
+        if busy:
             self.busy_applies -= 1
-            return CompleteWeightsUpdateReqOutput(
-                success=False, pending=True, ready_to_apply=True, session_open=True
-            )
+            if req.flush_cache:  # a flush waits for an idle scheduler
+                return CompleteWeightsUpdateReqOutput(
+                    success=False, pending=True, ready_to_apply=True, session_open=True
+                )
         self.writer_held_at_apply = self.lock._writer_active
         self.applied, self.session_open = True, False
         return CompleteWeightsUpdateReqOutput(
@@ -89,6 +91,8 @@ class Replica:
             applied=True,
             message="applied 1 buckets",
             weight_version=req.weight_version,
+            # By default (None) the scheduler flushes only if idle.
+            cache_flushed=req.flush_cache is not False and not busy,
         )
 
     def abort(self, req):
@@ -201,8 +205,10 @@ class TestTokenizerTwoPhaseUpdate(CustomTestCase):
         # The first replica verified again while the second still received.
         self.assertGreaterEqual(replicas[0].calls.count(("verify", SESSION)), 4)
 
-    def test_an_apply_that_finds_every_replica_busy_again_waits_for_them(self):
-        replicas = [Replica(busy_applies=2), Replica(busy_applies=2)]
+    def test_a_replica_busy_since_the_check_applies_with_the_others(self):
+        # A request reached the second replica between the last poll and the
+        # apply (another tokenizer worker's): the replicas never disagree.
+        replicas = [Replica(), Replica(busy_applies=1)]
         manager = self.prepared(*replicas)
         out = run(
             manager.complete_weights_update(
@@ -212,6 +218,21 @@ class TestTokenizerTwoPhaseUpdate(CustomTestCase):
         self.assertTrue(out.success, out.message)
         self.assertTrue(out.applied)
         self.assertEqual([r.applied for r in replicas], [True, True])
+        self.assertFalse(out.cache_flushed)
+        self.assertIn("the cache was flushed on 1 of 2 DP replicas", out.message)
+        self.assertIn("call /flush_cache", out.message)
+
+    def test_an_apply_that_finds_the_scheduler_busy_again_waits_for_it(self):
+        replicas = [Replica(busy_applies=2)]
+        manager = self.prepared(*replicas)
+        out = run(
+            manager.complete_weights_update(
+                CompleteWeightsUpdateReqInput(session_id=SESSION, flush_cache=True)
+            )
+        )
+        self.assertTrue(out.success, out.message)
+        self.assertTrue(out.applied)
+        self.assertTrue(out.cache_flushed)
 
         replicas = [Replica(busy_applies=10**9)]
         manager = self.prepared(*replicas, deadline_s=0.05)
