@@ -101,6 +101,37 @@ class WeightUpdateBodyLimit:
         )
 
 
+class WorkerWeightUpdateBodyLimit:
+    """WeightUpdateBodyLimit in a tokenizer worker process
+    (--tokenizer-worker-num > 1). Such a process re-imports the HTTP server's
+    module and serves it without the start-up that adds WeightUpdateBodyLimit,
+    so the module registers this at import: it takes its limits from
+    `server_args()` once that returns the worker's server arguments, and
+    passes requests through while it returns None (the single-tokenizer
+    server, which adds WeightUpdateBodyLimit itself)."""
+
+    def __init__(self, app: Any, server_args: Callable[[], Optional[Any]]):
+        self.app = app
+        self.server_args = server_args
+        self.limit: Optional[WeightUpdateBodyLimit] = None
+
+    async def __call__(self, scope: Dict, receive: Callable, send: Callable) -> None:
+        if self.limit is None:
+            args = self.server_args()
+            if args is None:
+                await self.app(scope, receive, send)
+                return
+            self.limit = self._limit_of(args)
+        await self.limit(scope, receive, send)
+
+    def _limit_of(self, args: Any) -> WeightUpdateBodyLimit:
+        return WeightUpdateBodyLimit(
+            self.app,
+            limit_bytes=int(args.weight_update_max_request_mb * 2**20),
+            tensor_limit_bytes=int(args.weight_update_max_tensor_request_mb * 2**20),
+        )
+
+
 def _lone_surrogate_field(raw: bytes) -> Optional[str]:
     """Where the body's first lone surrogate is (`buckets[0].names[3]`),
     or None (none there, or not JSON: the route's own parser says so)."""

@@ -10,6 +10,7 @@ from sglang.srt.weight_sync.request_limits import (
     TENSOR_BODY_ROUTES,
     WEIGHT_UPDATE_ROUTES,
     WeightUpdateBodyLimit,
+    WorkerWeightUpdateBodyLimit,
 )
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
@@ -43,10 +44,21 @@ class Route:
         return b"".join(m.get("body", b"") for m in self.received[:-1])
 
 
-def post(path, chunks, headers=(), tensor_limit=TENSOR_LIMIT, scope_type="http"):
-    """One request through the middleware, its body sent in `chunks`."""
+def post(
+    path,
+    chunks,
+    headers=(),
+    tensor_limit=TENSOR_LIMIT,
+    scope_type="http",
+    middleware_of=None,
+):
+    """One request through the middleware (`middleware_of(route)`, by default
+    WeightUpdateBodyLimit's), its body sent in `chunks`."""
     route = Route()
-    middleware = WeightUpdateBodyLimit(route, LIMIT, tensor_limit)
+    if middleware_of is None:
+        middleware = WeightUpdateBodyLimit(route, LIMIT, tensor_limit)
+    else:
+        middleware = middleware_of(route)
     incoming = [
         {"type": "http.request", "body": chunk, "more_body": i < len(chunks) - 1}
         for i, chunk in enumerate(chunks)
@@ -199,6 +211,44 @@ class TestRequestLimits(CustomTestCase):
         asyncio.run(middleware(scope, receive, send))
         self.assertEqual(route.received[0], {"type": "http.disconnect"})
         self.assertEqual(sent[0]["status"], 200)
+
+    def test_a_tokenizer_worker_bounds_bodies_once_it_has_its_server_args(self):
+        """A tokenizer worker registers its limit when it imports the HTTP
+        server, before it has read the server arguments: until it has them
+        (and in the single-tokenizer server, which adds its own) bodies pass
+        through untouched; then they are bounded by the arguments' limits."""
+        worker_args = []
+
+        def worker(route):
+            args = worker_args[0] if worker_args else None
+            return WorkerWeightUpdateBodyLimit(route, lambda: args)
+
+        body = sized(10 * TENSOR_LIMIT)
+        client = post("/prepare_weights_update", [body], middleware_of=worker)
+        self.assertEqual(client.status, 200)
+        self.assertIs(client.route.receive, client.client_receive)
+        self.assertEqual(client.route.body, body)
+
+        worker_args.append(
+            types.SimpleNamespace(
+                weight_update_max_request_mb=LIMIT / 2**20,
+                weight_update_max_tensor_request_mb=TENSOR_LIMIT / 2**20,
+            )
+        )
+        for path, limit, flag in (
+            ("/prepare_weights_update", LIMIT, "--weight-update-max-request-mb"),
+            (
+                "/update_weights_from_tensor",
+                TENSOR_LIMIT,
+                "--weight-update-max-tensor-request-mb",
+            ),
+        ):
+            with self.subTest(path=path):
+                client = post(path, [sized(limit)], middleware_of=worker)
+                self.assertEqual(client.status, 200)
+                client = post(path, [sized(limit + 1)], middleware_of=worker)
+                self.assertEqual(client.status, 413)
+                self.assertIn(flag, json.loads(client.body)["message"])
 
 
 if __name__ == "__main__":

@@ -180,7 +180,10 @@ from sglang.srt.utils.json_response import (
 )
 from sglang.srt.utils.redaction import redact_server_args
 from sglang.srt.utils.watchdog import SubprocessWatchdog
-from sglang.srt.weight_sync.request_limits import WeightUpdateBodyLimit
+from sglang.srt.weight_sync.request_limits import (
+    WeightUpdateBodyLimit,
+    WorkerWeightUpdateBodyLimit,
+)
 from sglang.srt.weight_sync.rlsync_info import rlsync_info
 from sglang.srt.weight_sync.two_phase_requests import (
     parse_prepare_body,
@@ -393,6 +396,21 @@ app.add_middleware(
     allow_credentials=True,
     allow_methods=["*"],
     allow_headers=["*"],
+)
+
+
+def _tokenizer_worker_server_args() -> Optional[ServerArgs]:
+    """A tokenizer worker's server arguments, once it has read them; None in
+    the single-tokenizer server."""
+    if getattr(app, "is_single_tokenizer_mode", False) or _global_state is None:
+        return None
+    return _global_state.tokenizer_manager.server_args
+
+
+# Tokenizer workers re-import this module: it bounds their weight-update
+# bodies, as _setup_and_run_http_server does for the single-tokenizer server.
+app.add_middleware(
+    WorkerWeightUpdateBodyLimit, server_args=_tokenizer_worker_server_args
 )
 
 # Include routers

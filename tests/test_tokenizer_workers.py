@@ -1,0 +1,72 @@
+"""Several tokenizer workers (`--tokenizer-worker-num 2`), with data
+parallelism: the two-phase update reaches every replica from whichever
+worker takes the call, with and without a cache flush, and a weight-update
+body past the limit is a 413 there too."""
+
+from __future__ import annotations
+
+import pytest
+import requests
+
+from harness.cpu_sglang import free_port
+from harness.weights import randomized
+from rlsync import client
+from rlsync.sender import Engine, WeightSender
+
+pytestmark = pytest.mark.needs("data_parallel_weight_update")
+
+
+@pytest.fixture(scope="module")
+def workers_server(request, tiny_model):
+    from tests.conftest import _start
+
+    server = _start(
+        request,
+        tiny_model,
+        1,
+        False,
+        ["--dp-size", "2", "--tokenizer-worker-num", "2"],
+        name="workers2",
+    )
+    request.addfinalizer(server.stop)
+    return server
+
+
+def test_an_update_through_several_workers_applies_on_every_replica(
+    workers_server, model_weights
+):
+    url = workers_server.url
+    sender = WeightSender(
+        [Engine(url, tp_size=1, dp_size=2)],
+        master_port=free_port(),
+        group_name=f"workers_{free_port()}",
+        backend="gloo",
+        bucket_bytes=64 << 10,
+    )
+    sender.connect()
+    try:
+        original = client.weights_checksum(url)["checksum"]
+        for seed, flush in ((7, True), (8, None)):
+            result = sender.sync(randomized(model_weights, seed), flush_cache=flush)
+            assert result.success, result
+            after = client.weights_checksum(url)
+            dp0, dp1 = (r["checksum"] for r in after["rank_results"])
+            assert dp0 == dp1 != original
+            original = dp0
+    finally:
+        sender.close()
+
+
+def test_a_body_past_the_limit_is_a_413_in_a_tokenizer_worker(workers_server):
+    """The workers serve every request (the main process serves none), and
+    they never run the start-up that bounds the single-tokenizer server's
+    bodies: a 17 MiB body was parsed, and answered 400 for its fields."""
+    big = b'{"group_name": "' + b"x" * (17 << 20) + b'"}'
+    resp = requests.post(
+        workers_server.url + "/prepare_weights_update",
+        data=big,
+        headers={"Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert resp.status_code == 413, resp.text[:300]
+    assert "--weight-update-max-request-mb" in resp.json()["message"]
