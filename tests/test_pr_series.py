@@ -97,7 +97,7 @@ def test_a_plan_takes_every_patch_and_file_or_names_what_it_misses(tmp_path: Pat
     with pytest.raises(SeriesError, match="no 'set nothing"):
         pr_series.read_plan(tmp_path)
     (tmp_path / "pr" / "series").write_text("commit core A\ncommit core B\n")
-    with pytest.raises(SeriesError, match="each commit named once"):
+    with pytest.raises(SeriesError, match="each commit and pull request named once"):
         pr_series.read_plan(tmp_path)
 
 
