@@ -139,6 +139,11 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         result = await self._complete_before(verify, deadline, timeout)
         if not obj.apply or not result.success:
             return result
+        if obj.session_id is None:
+            # What follows acts on the session verified above, not on one
+            # another caller opens meanwhile.
+            obj = _replaced(obj, session_id=result.session_id)
+            verify = _replaced(verify, session_id=result.session_id)
         # 2. Drain: new requests wait, in-flight ones finish first.
         holds_requests_back = False
         if drain:
@@ -186,6 +191,12 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         apply = _replaced(obj, scheduler_wait_s=SCHEDULER_WAIT_S)
         while True:
             results = await self.complete_weights_update_communicator(verify)
+            if verify.session_id is None:
+                # Every later call names the session this one found open, not
+                # one another caller opens meanwhile.
+                verify.session_id = apply.session_id = next(
+                    (r.session_id for r in results if r.session_id), None
+                )
             failed = [r for r in results if not r.success and not r.pending]
             if failed:
                 if not all(r.session_open for r in failed):

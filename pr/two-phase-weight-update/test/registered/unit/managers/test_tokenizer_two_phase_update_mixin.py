@@ -28,6 +28,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 
 SESSION = "session-0000000001"
+NEWER = "session-0000000002"
 
 
 class Replica:
@@ -41,14 +42,14 @@ class Replica:
         self.busy_applies = busy_applies
         self.verifies = verifies
         self.lock = lock
-        self.session_open = False
+        self.session_open, self.session_id = False, None
         self.applied = False
         self.calls = []
         self.writer_held_at_apply = None
 
     def prepare(self, req):
         self.calls.append(("prepare", req.session_id))
-        self.session_open = True
+        self.session_open, self.session_id = True, req.session_id
         return PrepareWeightsUpdateReqOutput(
             status="ready", message="", session_id=req.session_id, staging_bytes=10
         )
@@ -60,6 +61,13 @@ class Replica:
                 success=False,
                 message="no weight update session is open",
                 status_code=409,
+            )
+        if req.session_id not in (None, self.session_id):
+            return CompleteWeightsUpdateReqOutput(
+                success=False,
+                message="the call names another session",
+                status_code=409,
+                session_open=True,
             )
         if self.pending > 0:
             self.pending -= 1
@@ -75,7 +83,10 @@ class Replica:
             )
         if not req.apply:
             return CompleteWeightsUpdateReqOutput(
-                success=True, ready_to_apply=True, session_open=True
+                success=True,
+                ready_to_apply=True,
+                session_open=True,
+                session_id=self.session_id,
             )
         busy = self.busy_applies > 0  # a request came in since the last poll
         if busy:
@@ -221,6 +232,30 @@ class TestTokenizerTwoPhaseUpdate(CustomTestCase):
         self.assertFalse(out.cache_flushed)
         self.assertIn("the cache was flushed on 1 of 2 DP replicas", out.message)
         self.assertIn("call /flush_cache", out.message)
+
+    def test_a_complete_applies_the_session_it_verified_not_a_newer_one(self):
+        """A complete without a session id whose session another caller
+        aborted and replaced between the check and the apply (a trainer that
+        timed out and started over): no replica applies the new session."""
+        replicas = [Replica(), Replica()]
+        manager = self.prepared(*replicas)
+        ask = manager.complete_weights_update_communicator
+
+        async def replaced_after_the_check(req):
+            answers = await ask(req)
+            if not req.apply and replicas[0].session_id == SESSION:
+                for replica in replicas:
+                    replica.abort(AbortWeightsUpdateReqInput(session_id=SESSION))
+                    replica.prepare(prepare_request(session_id=NEWER))
+            return answers
+
+        manager.complete_weights_update_communicator = replaced_after_the_check
+        out = run(manager.complete_weights_update(CompleteWeightsUpdateReqInput()))
+        self.assertFalse(out.success)
+        self.assertFalse(out.applied)
+        self.assertEqual([r.applied for r in replicas], [False, False])
+        self.assertEqual([r.session_id for r in replicas], [NEWER, NEWER])
+        self.assertTrue(all(r.session_open for r in replicas))
 
     def test_an_apply_that_finds_the_scheduler_busy_again_waits_for_it(self):
         replicas = [Replica(busy_applies=2)]

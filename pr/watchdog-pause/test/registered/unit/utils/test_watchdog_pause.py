@@ -1,0 +1,102 @@
+"""Unit tests for pausing a watchdog while a blocking weight operation runs
+— no server; the real watchdog thread, in soft mode, with a short timeout."""
+
+import logging
+import threading
+import time
+import unittest
+from unittest import mock
+
+from sglang.srt.utils import watchdog as watchdog_module
+from sglang.srt.utils.watchdog import WatchdogRaw
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=25, suite="base-a-test-cpu")
+
+TIMEOUT = 0.2
+# How long a watchdog that must not fire is watched: many timeouts.
+QUIET_S = 10 * TIMEOUT
+# How long a watchdog that must fire may take, however loaded the machine.
+FIRES_WITHIN_S = 30.0
+
+
+class Firings(logging.Handler):
+    """When the watchdog named `name` reports a timeout (soft mode logs it)."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+        self.times = []
+        self.fired = threading.Event()
+
+    def emit(self, record):
+        if record.getMessage().startswith(f"{self.name} watchdog timeout"):
+            self.times.append(time.perf_counter())
+            self.fired.set()
+
+
+class TestWatchdogPause(CustomTestCase):
+    def setUp(self):
+        name = self.id()
+        self.firings = Firings(name)
+        logger = logging.getLogger(watchdog_module.__name__)
+        logger.addHandler(self.firings)
+        self.addCleanup(logger.removeHandler, self.firings)
+        # Soft mode dumps the schedulers' stacks with py-spy: not here.
+        patcher = mock.patch.object(watchdog_module, "pyspy_dump_schedulers")
+        patcher.start()
+        self.addCleanup(patcher.stop)
+        # A starved loop: the counter never moves. The thread outlives the
+        # test (soft mode watches again after a timeout): inactive, it stops.
+        self.active = True
+        self.addCleanup(setattr, self, "active", False)
+        self.watchdog = WatchdogRaw(
+            debug_name=name,
+            get_counter=lambda: 0,
+            is_active=lambda: self.active,
+            watchdog_timeout=TIMEOUT,
+            soft=True,
+        )
+
+    def assertQuiet(self):
+        self.assertFalse(self.firings.fired.wait(QUIET_S), "the watchdog fired")
+
+    def assertFires(self):
+        self.assertTrue(self.firings.fired.wait(FIRES_WITHIN_S), "it never fired")
+
+    def test_a_paused_watchdog_does_not_fire_and_a_resumed_one_does(self):
+        self.watchdog.pause()
+        self.assertTrue(self.watchdog.paused)
+        self.assertQuiet()
+        resumed = time.perf_counter()
+        self.watchdog.resume()
+        self.assertFalse(self.watchdog.paused)
+        self.assertFires()
+        # The timeout restarts at the resume: it does not fire at once for
+        # the time spent paused.
+        self.assertGreaterEqual(self.firings.times[0] - resumed, TIMEOUT)
+
+    def test_pauses_nest(self):
+        self.watchdog.pause()
+        self.watchdog.pause()
+        self.watchdog.resume()
+        self.assertTrue(self.watchdog.paused)
+        self.assertQuiet()
+        self.watchdog.resume()
+        self.assertFires()
+
+    def test_an_unmatched_resume_is_harmless(self):
+        self.watchdog.resume()
+        self.watchdog.resume()
+        self.assertFalse(self.watchdog.paused)
+        self.watchdog.pause()
+        self.assertTrue(self.watchdog.paused)
+        self.assertQuiet()
+
+    def test_a_watchdog_never_paused_still_fires(self):
+        self.assertFires()
+
+
+if __name__ == "__main__":
+    unittest.main()
