@@ -1,7 +1,8 @@
 """Several tokenizer workers (`--tokenizer-worker-num 2`), with data
 parallelism: the two-phase update reaches every replica from whichever
 worker takes the call, with and without a cache flush, and a weight-update
-body past the limit is a 413 there too."""
+body past the limit is a 413 there too, under a root path (a proxy's
+prefix) as well."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ def workers_server(request, tiny_model):
         tiny_model,
         1,
         False,
-        ["--dp-size", "2", "--tokenizer-worker-num", "2"],
+        # Behind a proxy that strips /api: the server puts it in front of
+        # every path it sees, and the routes match without it.
+        ["--dp-size", "2", "--tokenizer-worker-num", "2"]
+        + ["--fastapi-root-path", "/api"],
         name="workers2",
     )
     request.addfinalizer(server.stop)
@@ -59,8 +63,9 @@ def test_an_update_through_several_workers_applies_on_every_replica(
 
 def test_a_body_past_the_limit_is_a_413_in_a_tokenizer_worker(workers_server):
     """The workers serve every request (the main process serves none), and
-    they never run the start-up that bounds the single-tokenizer server's
-    bodies: a 17 MiB body was parsed, and answered 400 for its fields."""
+    they never ran the start-up that bounds the single-tokenizer server's
+    bodies; and under a root path no route matched the limit's: a 17 MiB
+    body was parsed either way, and answered 400 for its fields."""
     big = b'{"group_name": "' + b"x" * (17 << 20) + b'"}'
     resp = requests.post(
         workers_server.url + "/prepare_weights_update",

@@ -779,23 +779,24 @@ class SchedulerTwoPhaseUpdateMixin(SchedulerTwoPhaseUpdateHooks):
         # 2. A cache flush needs an idle scheduler: check before applying. By
         # default (None) flush only if no request is in flight on any rank.
         flush = recv_req.flush_cache
-        if flush or (flush is None and recv_req.apply):
+        if flush or recv_req.drain or (flush is None and recv_req.apply):
             busy = gather_from_tp_ranks(self, {"busy": not self.is_fully_idle()})
+            if recv_req.drain and any(r["busy"] for r in busy):
+                # New requests wait (in this tokenizer manager; another
+                # worker's may come); let the in-flight ones finish, then
+                # try again.
+                return CompleteWeightsUpdateReqOutput(
+                    success=False,
+                    num_buckets_received=num_received,
+                    message="drain: requests are in flight; "
+                    "the apply waits for them (nothing applied here)",
+                    status_code=409,
+                    ready_to_apply=True,
+                    pending=True,
+                )
             if flush is None:
                 flush = not any(r["busy"] for r in busy)
-            elif any(r["busy"] for r in busy):
-                if recv_req.drain:
-                    # New requests wait in the tokenizer manager; let the
-                    # in-flight ones finish, then try again.
-                    return CompleteWeightsUpdateReqOutput(
-                        success=False,
-                        num_buckets_received=num_received,
-                        message="flush_cache: requests are in flight; "
-                        "the apply waits for them (nothing applied here)",
-                        status_code=409,
-                        ready_to_apply=True,
-                        pending=True,
-                    )
+            elif flush and any(r["busy"] for r in busy):
                 return CompleteWeightsUpdateReqOutput(
                     success=False,
                     num_buckets_received=num_received,

@@ -135,7 +135,7 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
         timeout = min(timeout, self.server_args.weight_update_health_deadline)
         deadline = time.monotonic() + timeout
         # 1. Every byte received and verified; generation goes on meanwhile.
-        verify = _replaced(obj, apply=False, flush_cache=False)
+        verify = _replaced(obj, apply=False, flush_cache=False, drain=False)
         result = await self._complete_before(verify, deadline, timeout)
         if not obj.apply or not result.success:
             return result
@@ -208,14 +208,16 @@ class TokenizerTwoPhaseUpdateMixin(TokenizerTwoPhaseUpdateHooks):
             if not any(r.pending for r in results):
                 if not obj.apply:
                     return _merge_complete(results)
-                if len(results) > 1 and obj.flush_cache:
+                if len(results) > 1:
                     # The commit under data parallelism: every replica
                     # verified and was idle. A request can reach one since
                     # (another tokenizer worker's); that replica must not
                     # refuse the apply, or the replicas would serve different
                     # weights: it applies in place, and flushes its cache
                     # only if idle.
-                    apply.flush_cache = None
+                    apply.drain = False
+                    if obj.flush_cache:
+                        apply.flush_cache = None
                 results = await self.complete_weights_update_communicator(apply)
                 if len(results) > 1 or not results[0].pending:
                     return _merge_complete(results, flush_asked=bool(obj.flush_cache))

@@ -33,6 +33,8 @@ WEIGHT_UPDATE_ROUTES: FrozenSet[str] = frozenset(
         "/get_weights_by_name",
         "/update_weights_from_disk",
         "/update_weight_version",
+        "/begin_weight_update",
+        "/end_weight_update",
     }
 )
 # Routes whose bodies carry serialized tensors, IPC handles or adapters.
@@ -47,6 +49,15 @@ TENSOR_BODY_ROUTES: FrozenSet[str] = frozenset(
 )
 # A \\uD800-\\uDFFF escape; whether it is lone is decided by parsing.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _route_path(scope: Dict) -> str:
+    """The path the routes match: without the --fastapi-root-path prefix the
+    server puts in front of it (the router strips it before matching)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :]
+    return path
 
 
 class WeightUpdateBodyLimit:
@@ -64,10 +75,11 @@ class WeightUpdateBodyLimit:
                 self.limits[route] = (tensor_limit_bytes, flag)
 
     async def __call__(self, scope: Dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http" or scope["path"] not in self.limits:
+        path = _route_path(scope)
+        if scope["type"] != "http" or path not in self.limits:
             await self.app(scope, receive, send)
             return
-        limit, flag = self.limits[scope["path"]]
+        limit, flag = self.limits[path]
         length = dict(scope.get("headers") or []).get(b"content-length", b"")
         if length.isdigit() and int(length) > limit:
             await self._refuse(send, limit, flag)

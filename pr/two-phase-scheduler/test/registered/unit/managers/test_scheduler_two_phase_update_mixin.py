@@ -387,6 +387,7 @@ class TestSchedulerTwoPhaseUpdate(CustomTestCase):
         self.assertIn("flush_cache: requests are in flight", refused.message)
         drained = self.complete(flush_cache=True, drain=True)
         self.assertTrue(drained.pending)
+        self.assertIn("drain: requests are in flight", drained.message)
         self.assertTrue(drained.ready_to_apply)
         self.assert_serving(self.old)
         self.assertEqual(self.scheduler.flushes, 0)
@@ -396,6 +397,23 @@ class TestSchedulerTwoPhaseUpdate(CustomTestCase):
         self.assertTrue(out.applied, out.message)
         self.assertTrue(out.cache_flushed)
         self.assertEqual(self.scheduler.flushes, 1)
+
+    def test_a_drain_waits_for_an_idle_scheduler_flush_or_not(self):
+        """Requests another tokenizer worker sent reach the scheduler beside
+        the drained ones: a drain waits for them too, verifying or applying."""
+        self.assertEqual(self.prepare().status, "ready")
+        self.send()
+        self.scheduler.idle = False
+        for apply in (False, True):
+            drained = self.complete(drain=True, flush_cache=False, apply=apply)
+            self.assertTrue(drained.pending, drained.message)
+            self.assertIn("drain: requests are in flight", drained.message)
+            self.assert_serving(self.old)
+        self.scheduler.idle = True
+        out = self.complete(drain=True, flush_cache=False)
+        self.assertTrue(out.applied, out.message)
+        self.assertFalse(out.cache_flushed)
+        self.assert_serving(self.new)
 
     def test_by_default_a_busy_scheduler_applies_without_a_flush(self):
         self.assertEqual(self.prepare().status, "ready")

@@ -51,6 +51,7 @@ def post(
     tensor_limit=TENSOR_LIMIT,
     scope_type="http",
     middleware_of=None,
+    root_path="",
 ):
     """One request through the middleware (`middleware_of(route)`, by default
     WeightUpdateBodyLimit's), its body sent in `chunks`."""
@@ -73,6 +74,8 @@ def post(
         client.sent.append(message)
 
     scope = {"type": scope_type, "path": path, "headers": list(headers)}
+    if root_path:  # the server puts --fastapi-root-path in front of the path
+        scope.update(root_path=root_path, path=root_path + path)
     asyncio.run(middleware(scope, receive, send))
     start, body = client.sent
     client.status = start["status"]
@@ -141,6 +144,19 @@ class TestRequestLimits(CustomTestCase):
                     client = post(path, [sized(limit + 1)])
                     self.assertEqual(client.status, 413)
                     self.assertIn(flag, json.loads(client.body)["message"])
+
+    def test_routes_under_a_root_path_are_bounded_too(self):
+        for path, limit in (
+            ("/prepare_weights_update", LIMIT),
+            ("/update_weights_from_tensor", TENSOR_LIMIT),
+        ):
+            with self.subTest(path=path):
+                client = post(path, [sized(limit)], root_path="/api")
+                self.assertEqual(client.status, 200)
+                client = post(path, [sized(limit + 1)], root_path="/api")
+                self.assertEqual(client.status, 413)
+        client = post("/generate", [sized(10 * LIMIT)], root_path="/api")
+        self.assertEqual(client.status, 200)
 
     def test_without_a_tensor_limit_the_tensor_routes_are_not_bounded(self):
         body = sized(10 * TENSOR_LIMIT)
