@@ -246,6 +246,18 @@ def test_a_malformed_body_is_answered_without_the_servers_paths(keyed, path):
         assert leak not in resp.text, (path, resp.text)
 
 
+def test_a_malformed_field_is_named_not_echoed_back_whole(keyed):
+    """A 2 MB list where a string goes is a 400 naming the field that shows
+    the start of the value: it never carries the body back (it did twice
+    in the message, about four times the body once encoded)."""
+    big = list(range(300_000))
+    resp = admin(keyed.url, "/destroy_weights_update_group", {"group_name": big})
+    assert resp.status_code == 400, resp.text[:500]
+    message = resp.json()["message"]
+    assert "group_name" in message and "more characters)" in message, message
+    assert len(resp.content) < 10_000, len(resp.content)
+
+
 def group(url: str) -> str:
     """An update group with nobody on the far side: prepare never sends."""
     name = f"hostile_{free_port()}"

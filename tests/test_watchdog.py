@@ -20,12 +20,14 @@ class FireLog(logging.Handler):
         super().__init__(logging.ERROR)
         self.name_ = name
         self.times: list[float] = []
+        self.messages: list[str] = []
         self.fired = threading.Event()
 
     def emit(self, record: logging.LogRecord) -> None:
         msg = record.getMessage()
         if msg.startswith(f"{self.name_} watchdog timeout"):
             self.times.append(time.monotonic())
+            self.messages.append(msg)
             self.fired.set()
 
 
@@ -78,6 +80,21 @@ def test_nested_pauses_hold_until_the_last_resume(watchdog):
     assert log.times == [], "one resume of two pauses must keep it paused"
     wd.resume()
     assert log.fired.wait(TIMEOUT * 10)
+
+
+@pytest.mark.parametrize("limit", [TIMEOUT * 3, TIMEOUT / 10])
+def test_a_pause_with_a_limit_fires_once_the_limit_or_the_timeout_has_passed(
+    watchdog, limit
+):
+    """A blocking operation that never returns ends the process after all:
+    paused up to `limit`, the watchdog counts max(timeout, limit) from the
+    pause, and its report says a blocking operation outlived it."""
+    wd, log = watchdog
+    paused = time.monotonic()
+    wd.pause(limit)
+    assert log.fired.wait(TIMEOUT * 30), "a pause past its limit must fire"
+    assert log.times[0] - paused >= max(TIMEOUT, limit) * 0.9, "fired early"
+    assert "paused by a blocking operation that outlived" in log.messages[0]
 
 
 def test_extra_resume_is_harmless_and_does_not_leave_it_paused(watchdog):

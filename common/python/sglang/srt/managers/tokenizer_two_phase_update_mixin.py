@@ -297,6 +297,9 @@ def _merge_complete(
         message = first.message
     flushed = sum(r.cache_flushed for r in results)
     if applied and not failed and (flush_asked or flushed) and flushed < len(results):
+        # Told by a replica that did not flush (another's "and flushed the
+        # cache" is not the server's).
+        message = next(r.message for r in results if not r.cache_flushed)
         message += (
             f"; the cache was flushed on {flushed} of {len(results)} DP replicas "
             "(requests reached the others after the check; they go on, in place, "

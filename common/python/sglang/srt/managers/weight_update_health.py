@@ -12,7 +12,7 @@ orchestrators kill or drain a healthy server.
   --enable-metrics, /metrics counts both answers and the operations in flight
   (weight_sync/sync_metrics.py).
 - Scheduler side: `pause_watchdogs_during_weight_update` pauses the scheduler's
-  watchdogs and tells the detokenizer to pause its own
+  watchdogs up to the deadline and tells the detokenizer to pause its own
   (`WeightUpdatePauseReq` / `WeightUpdateResumeReq`).
 """
 
@@ -196,10 +196,14 @@ def pause_watchdogs_during_weight_update(func):
         # token-out servers wire that channel to the tokenizer manager, which
         # has no watchdog to pause.
         tell_detokenizer = not self.server_args.skip_tokenizer_init
+        # Past the operator's deadline /health answers 503, and the
+        # watchdogs count again (at least their own timeout): a load that
+        # never returns ends the server instead of blocking it for good.
+        limit = self.server_args.weight_update_health_deadline
         if tell_detokenizer:
-            self.send_to_detokenizer.send_output(WeightUpdatePauseReq())
+            self.send_to_detokenizer.send_output(WeightUpdatePauseReq(limit=limit))
         for watchdog in watchdogs:
-            watchdog.pause()
+            watchdog.pause(limit)
         try:
             return func(self, recv_req)
         finally:

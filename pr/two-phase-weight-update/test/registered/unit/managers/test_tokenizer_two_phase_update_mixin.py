@@ -97,13 +97,14 @@ class Replica:
                 )
         self.writer_held_at_apply = self.lock._writer_active
         self.applied, self.session_open = True, False
+        # By default (None) the scheduler flushes only if idle.
+        flushed = req.flush_cache is not False and not busy
         return CompleteWeightsUpdateReqOutput(
             success=True,
             applied=True,
-            message="applied 1 buckets",
+            message="applied 1 buckets" + (" and flushed the cache" if flushed else ""),
             weight_version=req.weight_version,
-            # By default (None) the scheduler flushes only if idle.
-            cache_flushed=req.flush_cache is not False and not busy,
+            cache_flushed=flushed,
         )
 
     def abort(self, req):
@@ -231,6 +232,8 @@ class TestTokenizerTwoPhaseUpdate(CustomTestCase):
         self.assertEqual([r.applied for r in replicas], [True, True])
         self.assertFalse(out.cache_flushed)
         self.assertIn("the cache was flushed on 1 of 2 DP replicas", out.message)
+        # One replica's "and flushed the cache" is not the server's.
+        self.assertNotIn("and flushed the cache", out.message)
         self.assertIn("call /flush_cache", out.message)
 
     def test_a_complete_applies_the_session_it_verified_not_a_newer_one(self):

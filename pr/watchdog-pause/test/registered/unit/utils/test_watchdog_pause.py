@@ -28,11 +28,13 @@ class Firings(logging.Handler):
         super().__init__()
         self.name = name
         self.times = []
+        self.messages = []
         self.fired = threading.Event()
 
     def emit(self, record):
         if record.getMessage().startswith(f"{self.name} watchdog timeout"):
             self.times.append(time.perf_counter())
+            self.messages.append(record.getMessage())
             self.fired.set()
 
 
@@ -93,6 +95,23 @@ class TestWatchdogPause(CustomTestCase):
         self.watchdog.pause()
         self.assertTrue(self.watchdog.paused)
         self.assertQuiet()
+
+    def assertFiresAfterPausing(self, limit):
+        paused = time.perf_counter()
+        self.watchdog.pause(limit)
+        # A blocking operation that never returns ends the process after all
+        # (hard mode), and the report says why.
+        self.assertFires()
+        self.assertGreaterEqual(self.firings.times[0] - paused, max(TIMEOUT, limit))
+        self.assertIn(
+            "paused by a blocking operation that outlived", self.firings.messages[0]
+        )
+
+    def test_a_pause_with_a_limit_counts_the_limit(self):
+        self.assertFiresAfterPausing(3 * TIMEOUT)
+
+    def test_a_limit_shorter_than_the_timeout_counts_the_timeout(self):
+        self.assertFiresAfterPausing(TIMEOUT / 10)
 
     def test_a_watchdog_never_paused_still_fires(self):
         self.assertFires()

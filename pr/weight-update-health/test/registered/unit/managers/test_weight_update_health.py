@@ -10,8 +10,10 @@ from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
 maybe_stub_sgl_kernel()  # must precede io_struct, which pulls in sgl_kernel
 
 from sglang.srt.managers import weight_update_health
+from sglang.srt.managers.io_struct import WeightUpdatePauseReq, WeightUpdateResumeReq
 from sglang.srt.managers.weight_update_health import (
     WeightUpdateTracker,
+    pause_watchdogs_during_weight_update,
     weight_update_health_response,
 )
 
@@ -69,6 +71,45 @@ class TestWeightUpdateHealth(CustomTestCase):
         self.tracker.end(second)
         self.tracker.end(second)  # ending twice is harmless
         self.assertFalse(self.tracker.in_progress)
+
+
+class TestWatchdogsPausedUpToTheDeadline(CustomTestCase):
+    def scheduler(self, skip_tokenizer_init=False):
+        return types.SimpleNamespace(
+            watchdog=mock.Mock(),
+            soft_watchdog=mock.Mock(),
+            send_to_detokenizer=mock.Mock(),
+            server_args=types.SimpleNamespace(
+                weight_update_health_deadline=42.0,
+                skip_tokenizer_init=skip_tokenizer_init,
+            ),
+        )
+
+    def test_each_watchdog_and_the_detokenizer_pause_up_to_the_deadline(self):
+        scheduler = self.scheduler()
+
+        @pause_watchdogs_during_weight_update
+        def handler(scheduler, recv_req):
+            for watchdog in (scheduler.watchdog, scheduler.soft_watchdog):
+                watchdog.pause.assert_called_once_with(42.0)
+                watchdog.resume.assert_not_called()
+            raise RuntimeError("the load failed")
+
+        with self.assertRaises(RuntimeError):
+            handler(scheduler, object())
+        for watchdog in (scheduler.watchdog, scheduler.soft_watchdog):
+            watchdog.resume.assert_called_once_with()
+        sent = [c.args[0] for c in scheduler.send_to_detokenizer.send_output.mock_calls]
+        self.assertEqual(
+            [type(r) for r in sent], [WeightUpdatePauseReq, WeightUpdateResumeReq]
+        )
+        self.assertEqual(sent[0].limit, 42.0)
+
+    def test_token_in_token_out_tells_no_detokenizer(self):
+        scheduler = self.scheduler(skip_tokenizer_init=True)
+        pause_watchdogs_during_weight_update(lambda s, r: None)(scheduler, object())
+        scheduler.send_to_detokenizer.send_output.assert_not_called()
+        scheduler.watchdog.pause.assert_called_once_with(42.0)
 
 
 if __name__ == "__main__":

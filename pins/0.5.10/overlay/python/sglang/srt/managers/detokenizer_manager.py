@@ -374,7 +374,7 @@ class DetokenizerManager(MultiHttpWorkerDetokenizerMixin):
 
     def handle_weight_update_pause(self, recv_req: WeightUpdatePauseReq):
         # The scheduler blocks in a weight update: silence is expected.
-        self.soft_watchdog.pause()
+        self.soft_watchdog.pause(recv_req.limit)
         return None
 
     def handle_weight_update_resume(self, recv_req: WeightUpdateResumeReq):

@@ -1801,7 +1801,8 @@ class FreezeGCReq(BaseReq):
 class WeightUpdatePauseReq(BaseReq):
     """Scheduler -> detokenizer: a blocking weight update starts; pause the watchdog."""
 
-    pass
+    # Seconds the pause lasts at most (the watchdog's own timeout if longer).
+    limit: Optional[float] = None
 
 
 @dataclass

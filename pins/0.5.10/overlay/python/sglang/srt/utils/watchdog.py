@@ -44,7 +44,7 @@ class Watchdog:
     def disable(self):
         yield
 
-    def pause(self):
+    def pause(self, limit: Optional[float] = None):
         pass
 
     def resume(self):
@@ -101,8 +101,8 @@ class _WatchdogReal(Watchdog):
             assert not self._active
             self._active = True
 
-    def pause(self):
-        self._raw.pause()
+    def pause(self, limit: Optional[float] = None):
+        self._raw.pause(limit)
 
     def resume(self):
         self._raw.resume()
@@ -129,29 +129,39 @@ class WatchdogRaw:
         self.watchdog_timeout = watchdog_timeout
         self.soft = soft
         self.dump_info = dump_info
-        # Blocking weight updates pause the watchdog; pauses may nest.
+        # Blocking weight updates pause the watchdog, each up to its limit;
+        # pauses may nest.
         self._pause_lock = threading.Lock()
-        self._pause_depth = 0
-        self._resume_epoch = 0
+        self._pause_limits: List[float] = []
+        self._restart_epoch = 0
 
         self.parent_process = psutil.Process().parent()
         t = threading.Thread(target=self._watchdog_thread, daemon=True)
         t.start()
 
-    def pause(self):
-        """Stop counting while a known-blocking operation (a weight update) runs."""
+    def pause(self, limit: Optional[float] = None):
+        """While a known-blocking operation (a weight update) runs, count
+        `max(watchdog_timeout, limit)` from now instead of the timeout: the
+        operation may block that long, no longer. No limit: do not count."""
         with self._pause_lock:
-            self._pause_depth += 1
+            self._pause_limits.append(float("inf") if limit is None else limit)
+            self._restart_epoch += 1
 
     def resume(self):
-        """End one pause; the timeout restarts from now instead of firing at once."""
+        """End the latest pause; the timeout restarts from now instead of
+        firing at once."""
         with self._pause_lock:
-            self._pause_depth = max(0, self._pause_depth - 1)
-            self._resume_epoch += 1
+            if self._pause_limits:
+                self._pause_limits.pop()
+            self._restart_epoch += 1
 
     @property
     def paused(self) -> bool:
-        return self._pause_depth > 0
+        return bool(self._pause_limits)
+
+    def _timeout_now(self) -> float:
+        with self._pause_lock:
+            return max([self.watchdog_timeout, *self._pause_limits])
 
     def _watchdog_thread(self):
         try:
@@ -165,17 +175,18 @@ class WatchdogRaw:
     def _watchdog_once(self):
         watchdog_last_counter = 0
         watchdog_last_time = time.perf_counter()
-        last_resume_epoch = self._resume_epoch
+        last_restart_epoch = self._restart_epoch
 
         while True:
             current = time.perf_counter()
-            if self._resume_epoch != last_resume_epoch:
-                last_resume_epoch = self._resume_epoch
+            if self._restart_epoch != last_restart_epoch:
+                last_restart_epoch = self._restart_epoch
                 watchdog_last_time = current
-            if self.is_active() and not self.paused:
+            timeout = self._timeout_now()
+            if self.is_active():
                 current_counter = self.get_counter()
                 if watchdog_last_counter == current_counter:
-                    if current > watchdog_last_time + self.watchdog_timeout:
+                    if current > watchdog_last_time + timeout:
                         break
                 else:
                     watchdog_last_counter = current_counter
@@ -186,9 +197,14 @@ class WatchdogRaw:
             logger.error(f"{self.debug_name} debug info:\n{info_msg}")
 
         pyspy_dump_schedulers()
+        paused = (
+            f", paused by a blocking operation that outlived {timeout}s"
+            if self.paused
+            else ""
+        )
         logger.error(
             f"{self.debug_name} watchdog timeout "
-            f"({self.watchdog_timeout=}, {self.soft=})"
+            f"({self.watchdog_timeout=}, {self.soft=}{paused})"
         )
         print(file=sys.stderr, flush=True)
         print(file=sys.stdout, flush=True)

@@ -2631,7 +2631,8 @@ class FreezeGCReq(BaseReq, kw_only=True):
 class WeightUpdatePauseReq(BaseReq, kw_only=True):
     """Scheduler -> detokenizer: a blocking weight update starts; pause the watchdog."""
 
-    pass
+    # Seconds the pause lasts at most (the watchdog's own timeout if longer).
+    limit: Optional[float] = None
 
 
 class WeightUpdateResumeReq(BaseReq, kw_only=True):
