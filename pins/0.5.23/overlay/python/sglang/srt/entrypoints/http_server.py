@@ -669,6 +669,23 @@ def _validation_summary(errors) -> str:
     return "\n".join(lines)
 
 
+# How much of an offending value an error shows: enough to see what was
+# sent, never a whole body echoed back (the message holds it twice).
+_MAX_INPUT_ECHO_CHARS = 200
+
+
+def _with_short_inputs(errors):
+    short = []
+    for error in errors:
+        shown = repr(error.get("input"))
+        more = len(shown) - _MAX_INPUT_ECHO_CHARS
+        if more > 0:
+            shown = f"{shown[:_MAX_INPUT_ECHO_CHARS]}... ({more} more characters)"
+            error = {**error, "input": shown}
+        short.append(error)
+    return short
+
+
 # Custom exception handlers to change validation error status codes
 @app.exception_handler(RequestValidationError)
 async def validation_exception_handler(request: Request, exc: RequestValidationError):
@@ -700,8 +717,9 @@ async def validation_exception_handler(request: Request, exc: RequestValidationE
             content={"detail": jsonable_encoder(detail)},
         )
 
-    exc_str = _validation_summary(exc.errors())
-    errors_str = str(exc.errors())
+    errors = _with_short_inputs(exc.errors())
+    exc_str = _validation_summary(errors)
+    errors_str = str(errors)
 
     if errors_str and errors_str != exc_str:
         message = f"{exc_str} {errors_str}"
