@@ -197,8 +197,8 @@ def pause_watchdogs_during_weight_update(func):
         # has no watchdog to pause.
         tell_detokenizer = not self.server_args.skip_tokenizer_init
         # Past the operator's deadline /health answers 503, and the
-        # watchdogs count again (at least their own timeout): a load that
-        # never returns ends the server instead of blocking it for good.
+        # watchdogs count their timeout again: a load that never returns
+        # ends the server instead of blocking it for good.
         limit = self.server_args.weight_update_health_deadline
         if tell_detokenizer:
             self.send_to_detokenizer.send_output(WeightUpdatePauseReq(limit=limit))

@@ -1801,7 +1801,7 @@ class FreezeGCReq(BaseReq):
 class WeightUpdatePauseReq(BaseReq):
     """Scheduler -> detokenizer: a blocking weight update starts; pause the watchdog."""
 
-    # Seconds the pause lasts at most (the watchdog's own timeout if longer).
+    # Seconds the operation may block before the watchdog counts again.
     limit: Optional[float] = None
 
 

@@ -140,9 +140,10 @@ class WatchdogRaw:
         t.start()
 
     def pause(self, limit: Optional[float] = None):
-        """While a known-blocking operation (a weight update) runs, count
-        `max(watchdog_timeout, limit)` from now instead of the timeout: the
-        operation may block that long, no longer. No limit: do not count."""
+        """While a known-blocking operation (a weight update) runs, let it
+        block for `limit` seconds from now and count the timeout after that:
+        an operation that ends by its limit never trips the watchdog. No
+        limit: do not count."""
         with self._pause_lock:
             self._pause_limits.append(float("inf") if limit is None else limit)
             self._restart_epoch += 1
@@ -161,7 +162,7 @@ class WatchdogRaw:
 
     def _timeout_now(self) -> float:
         with self._pause_lock:
-            return max([self.watchdog_timeout, *self._pause_limits])
+            return max([0.0, *self._pause_limits]) + self.watchdog_timeout
 
     def _watchdog_thread(self):
         try:
