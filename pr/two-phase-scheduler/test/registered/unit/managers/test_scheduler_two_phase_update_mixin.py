@@ -84,6 +84,7 @@ class OneRankScheduler(SchedulerTwoPhaseUpdateMixin):
             skip_tokenizer_init=True,
             weight_update_staging="device",
             weight_update_staging_budget_mb=None,
+            weight_update_health_deadline=600.0,
         )
         self.tp_worker = SimpleNamespace(
             model_runner=SimpleNamespace(device="cpu", model=model)

@@ -2,7 +2,7 @@
 group: the model runner's update groups are a dict here, and a rendezvous
 (which these calls must never reach) fails at once instead of waiting."""
 
-import importlib
+import dataclasses
 import unittest
 from unittest import mock
 
@@ -11,39 +11,39 @@ from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
 
 maybe_stub_sgl_kernel()  # must precede the model runner, which pulls in sgl_kernel
 
+try:
+    from sglang.srt.model_executor.model_runner_components import weight_updater
+
+    OWNER = weight_updater.WeightUpdater
+except ImportError:  # releases that keep the update groups on the model runner
+    from sglang.srt.model_executor import model_runner
+
+    OWNER = model_runner.ModelRunner
+
 register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 
-# Where the update groups live: the model runner's weight updater, or the
-# model runner itself in releases before the weight updater was split out.
-_OWNERS = (
-    (
-        "sglang.srt.model_executor.model_runner_components.weight_updater",
-        "WeightUpdater",
-    ),
-    ("sglang.srt.model_executor.model_runner", "ModelRunner"),
-)
 
-
-def _owner_class():
-    for module_name, class_name in _OWNERS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError:
-            continue
-        if hasattr(getattr(module, class_name, None), "init_weights_update_group"):
-            return getattr(module, class_name)
-    raise unittest.SkipTest("no class keeps update groups in this release")
+def with_update_groups(groups: dict):
+    """An OWNER at TP rank 0 whose update groups are `groups`, nothing else
+    set up (no model, no device)."""
+    if dataclasses.is_dataclass(OWNER):
+        unset = {
+            f.name: None
+            for f in dataclasses.fields(OWNER)
+            if f.init and f.name not in ("tp_rank", "_model_update_group")
+        }
+        return OWNER(**unset, tp_rank=0, _model_update_group=groups)
+    owner = object.__new__(OWNER)
+    owner.tp_rank, owner._model_update_group = 0, groups
+    return owner
 
 
 class TestUpdateGroupNameErrors(CustomTestCase):
     def setUp(self):
-        owner_class = _owner_class()
-        self.owner = object.__new__(owner_class)
         self.live_group = object()
-        self.owner._model_update_group = {"live": self.live_group}
-        self.owner.tp_rank = 0
+        self.owner = with_update_groups({"live": self.live_group})
         rendezvous = mock.patch(
-            f"{owner_class.__module__}.init_custom_process_group",
+            f"{OWNER.__module__}.init_custom_process_group",
             side_effect=AssertionError("a rendezvous was attempted"),
             create=True,
         )
