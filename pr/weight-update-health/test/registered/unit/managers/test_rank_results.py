@@ -5,10 +5,13 @@ import types
 import unittest
 from unittest import mock
 
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
+
+maybe_stub_sgl_kernel()  # must precede io_struct, which pulls in sgl_kernel
+
 from sglang.srt.managers import weight_op_results
 from sglang.srt.managers.weight_op_results import gather_rank_results
-from sglang.test.ci.ci_register import register_cpu_ci
-from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=1, suite="base-a-test-cpu")
 
@@ -19,7 +22,12 @@ def scheduler(tp_rank=0, tp_size=2, dp_size=1, dp_rank=0):
         tp_size=tp_size,
         dp_rank=dp_rank,
         tp_cpu_group=None,
-        server_args=types.SimpleNamespace(dp_size=dp_size),
+        watchdog=mock.Mock(),
+        server_args=types.SimpleNamespace(
+            dp_size=dp_size,
+            skip_tokenizer_init=True,
+            weight_update_health_deadline=600.0,
+        ),
     )
 
 
@@ -46,6 +54,24 @@ def handler_answering(output):
 
 
 class TestRankResults(CustomTestCase):
+    def test_the_gather_waits_for_the_slowest_rank_with_the_watchdog_paused(self):
+        # A rank done early waits for one still in its operation (a group
+        # init may block up to the deadline): its watchdog must not count.
+        rank = scheduler()
+        output = types.SimpleNamespace(success=True, message="ok")
+
+        def gather(out, mine, group=None):
+            rank.watchdog.pause.assert_called_once_with(600.0)
+            rank.watchdog.resume.assert_not_called()
+            out[:] = [mine, {"rank": 1, "success": True, "message": "ok"}]
+
+        with mock.patch.object(
+            weight_op_results.torch.distributed, "all_gather_object", gather
+        ):
+            handler_answering(output)(rank, None)
+        rank.watchdog.resume.assert_called_once_with()
+        self.assertTrue(output.success)
+
     def test_a_failure_on_another_rank_fails_the_operation_naming_it(self):
         output = types.SimpleNamespace(success=True, message="ok")
         failed = {"rank": 1, "success": False, "message": "out of memory"}
