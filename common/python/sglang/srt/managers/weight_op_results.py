@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
 import torch
 
+from sglang.srt.managers.weight_update_health import watchdogs_paused
+
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
@@ -78,9 +80,12 @@ def add_rank_results(scheduler: Scheduler, output: Any) -> Any:
     """`output` (with success and message) reporting every TP rank in
     `rank_results`, failed if any rank failed, naming the rank. A collective
     over the TP CPU group: every rank must call it."""
-    results = gather_from_tp_ranks(
-        scheduler, {"success": bool(output.success), "message": str(output.message)}
-    )
+    # The slowest rank may still be in the operation: wait for it paused.
+    with watchdogs_paused(scheduler):
+        results = gather_from_tp_ranks(
+            scheduler,
+            {"success": bool(output.success), "message": str(output.message)},
+        )
     failed = [r for r in results if not r["success"]]
     if failed and output.success:
         output.success = False

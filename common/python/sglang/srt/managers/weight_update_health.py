@@ -179,37 +179,45 @@ def weight_update_health_response(tokenizer_manager) -> Optional[Response]:
     return Response(content=message, status_code=503)
 
 
+@contextmanager
+def watchdogs_paused(scheduler: Scheduler) -> Iterator[None]:
+    """The scheduler's watchdogs (and the detokenizer's) paused while a
+    weight operation may block."""
+    watchdogs = [
+        w
+        for w in (
+            getattr(scheduler, "watchdog", None),
+            getattr(scheduler, "soft_watchdog", None),
+        )
+        if w is not None
+    ]
+    # Only the rank wired to the detokenizer really sends. Token-in/
+    # token-out servers wire that channel to the tokenizer manager, which
+    # has no watchdog to pause.
+    tell_detokenizer = not scheduler.server_args.skip_tokenizer_init
+    # Past the operator's deadline /health answers 503, and the watchdogs
+    # count their timeout again: a load that never returns ends the server
+    # instead of blocking it for good.
+    limit = scheduler.server_args.weight_update_health_deadline
+    if tell_detokenizer:
+        scheduler.send_to_detokenizer.send_output(WeightUpdatePauseReq(limit=limit))
+    for watchdog in watchdogs:
+        watchdog.pause(limit)
+    try:
+        yield
+    finally:
+        for watchdog in watchdogs:
+            watchdog.resume()
+        if tell_detokenizer:
+            scheduler.send_to_detokenizer.send_output(WeightUpdateResumeReq())
+
+
 def pause_watchdogs_during_weight_update(func):
     """Decorate a Scheduler handler that may block on a weight update."""
 
     @functools.wraps(func)
     def wrapper(self: Scheduler, recv_req):
-        watchdogs = [
-            w
-            for w in (
-                getattr(self, "watchdog", None),
-                getattr(self, "soft_watchdog", None),
-            )
-            if w is not None
-        ]
-        # Only the rank wired to the detokenizer really sends. Token-in/
-        # token-out servers wire that channel to the tokenizer manager, which
-        # has no watchdog to pause.
-        tell_detokenizer = not self.server_args.skip_tokenizer_init
-        # Past the operator's deadline /health answers 503, and the
-        # watchdogs count their timeout again: a load that never returns
-        # ends the server instead of blocking it for good.
-        limit = self.server_args.weight_update_health_deadline
-        if tell_detokenizer:
-            self.send_to_detokenizer.send_output(WeightUpdatePauseReq(limit=limit))
-        for watchdog in watchdogs:
-            watchdog.pause(limit)
-        try:
+        with watchdogs_paused(self):
             return func(self, recv_req)
-        finally:
-            for watchdog in watchdogs:
-                watchdog.resume()
-            if tell_detokenizer:
-                self.send_to_detokenizer.send_output(WeightUpdateResumeReq())
 
     return wrapper

@@ -8,7 +8,7 @@ import threading
 import time
 from contextlib import contextmanager
 from multiprocessing import Process
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import psutil
 
@@ -160,9 +160,12 @@ class WatchdogRaw:
     def paused(self) -> bool:
         return bool(self._pause_limits)
 
-    def _timeout_now(self) -> float:
+    def _restart_epoch_and_timeout(self) -> Tuple[int, float]:
+        # Read together: a resume between two reads would count the unpaused
+        # timeout from the last restart before the pause.
         with self._pause_lock:
-            return max([0.0, *self._pause_limits]) + self.watchdog_timeout
+            limit = max([0.0, *self._pause_limits])
+            return self._restart_epoch, limit + self.watchdog_timeout
 
     def _watchdog_thread(self):
         try:
@@ -180,10 +183,10 @@ class WatchdogRaw:
 
         while True:
             current = time.perf_counter()
-            if self._restart_epoch != last_restart_epoch:
-                last_restart_epoch = self._restart_epoch
+            restart_epoch, timeout = self._restart_epoch_and_timeout()
+            if restart_epoch != last_restart_epoch:
+                last_restart_epoch = restart_epoch
                 watchdog_last_time = current
-            timeout = self._timeout_now()
             if self.is_active():
                 current_counter = self.get_counter()
                 if watchdog_last_counter == current_counter:
