@@ -49,9 +49,11 @@ class TestWatchdogPause(CustomTestCase):
         patcher = mock.patch.object(watchdog_module, "pyspy_dump_schedulers")
         patcher.start()
         self.addCleanup(patcher.stop)
-        # A starved loop: the counter never moves. The thread outlives the
-        # test (soft mode watches again after a timeout): inactive, it stops.
-        self.active = True
+        # A starved loop: the counter never moves. It counts only once a test
+        # has paused it as it needs (a slow start must not fire it first).
+        # The thread outlives the test (soft mode watches again after a
+        # timeout): inactive again, it stops.
+        self.active = False
         self.addCleanup(setattr, self, "active", False)
         self.watchdog = WatchdogRaw(
             debug_name=name,
@@ -69,6 +71,7 @@ class TestWatchdogPause(CustomTestCase):
 
     def test_a_paused_watchdog_does_not_fire_and_a_resumed_one_does(self):
         self.watchdog.pause()
+        self.active = True
         self.assertTrue(self.watchdog.paused)
         self.assertQuiet()
         resumed = time.perf_counter()
@@ -82,6 +85,7 @@ class TestWatchdogPause(CustomTestCase):
     def test_pauses_nest(self):
         self.watchdog.pause()
         self.watchdog.pause()
+        self.active = True
         self.watchdog.resume()
         self.assertTrue(self.watchdog.paused)
         self.assertQuiet()
@@ -93,12 +97,14 @@ class TestWatchdogPause(CustomTestCase):
         self.watchdog.resume()
         self.assertFalse(self.watchdog.paused)
         self.watchdog.pause()
+        self.active = True
         self.assertTrue(self.watchdog.paused)
         self.assertQuiet()
 
     def assertFiresAfterPausing(self, limit):
         paused = time.perf_counter()
         self.watchdog.pause(limit)
+        self.active = True
         # A blocking operation that never returns ends the process after all
         # (hard mode), and the report says why.
         self.assertFires()
@@ -116,6 +122,7 @@ class TestWatchdogPause(CustomTestCase):
         self.assertFiresAfterPausing(TIMEOUT / 10)
 
     def test_a_watchdog_never_paused_still_fires(self):
+        self.active = True
         self.assertFires()
 
 
