@@ -11,6 +11,8 @@ import pytest
 from sglang.srt.utils.watchdog import Watchdog
 
 TIMEOUT = 0.4
+# A limit no test outlives.
+QUIET_FOR_GOOD = 1e9
 
 
 class FireLog(logging.Handler):
@@ -40,7 +42,7 @@ def watchdog(request):
     wd = Watchdog.create(debug_name=name, watchdog_timeout=TIMEOUT, soft=True)
     yield wd, log
     logger.removeHandler(log)
-    wd.pause()  # the daemon thread stays; keep it quiet for the other tests
+    wd.pause(QUIET_FOR_GOOD)  # the daemon thread stays; keep it quiet
 
 
 def starve_past_timeout() -> None:
@@ -56,29 +58,32 @@ def test_unfed_watchdog_fires(watchdog):
 
 def test_paused_past_timeout_does_not_fire(watchdog):
     wd, log = watchdog
-    wd.pause()
+    wd.pause(QUIET_FOR_GOOD)
     starve_past_timeout()
     assert log.times == []
 
 
 def test_resumed_and_starved_fires_but_not_at_once(watchdog):
     wd, log = watchdog
-    wd.pause()
+    pause = wd.pause(QUIET_FOR_GOOD)
     starve_past_timeout()
     resumed = time.monotonic()
-    wd.resume()
+    wd.resume(pause)
     assert log.fired.wait(TIMEOUT * 10), "resumed and starved: must fire"
     assert log.times[0] - resumed >= TIMEOUT * 0.9, "fired as soon as it resumed"
 
 
-def test_nested_pauses_hold_until_the_last_resume(watchdog):
+def test_a_resume_ends_only_its_own_pause(watchdog):
+    """Overlapping operations each end their own pause: ending the first
+    (or ending one twice) leaves the other's running."""
     wd, log = watchdog
-    wd.pause()
-    wd.pause()
-    wd.resume()
+    first = wd.pause(QUIET_FOR_GOOD)
+    second = wd.pause(QUIET_FOR_GOOD)
+    wd.resume(first)
+    wd.resume(first)
     starve_past_timeout()
-    assert log.times == [], "one resume of two pauses must keep it paused"
-    wd.resume()
+    assert log.times == [], "the second pause must still hold"
+    wd.resume(second)
     assert log.fired.wait(TIMEOUT * 10)
 
 
@@ -95,17 +100,17 @@ def test_a_pause_with_a_limit_fires_once_the_limit_and_the_timeout_have_passed(
     wd.pause(limit)
     assert log.fired.wait(TIMEOUT * 30), "a pause past its limit must fire"
     assert log.times[0] - paused >= (limit + TIMEOUT) * 0.9, "fired early"
-    assert "paused by a blocking operation that outlived" in log.messages[0]
+    assert f"outlived its limit of {limit}s" in log.messages[0]
 
 
-def test_extra_resume_is_harmless_and_does_not_leave_it_paused(watchdog):
+@pytest.mark.parametrize("limit", [float("inf"), float("nan"), -1.0, None])
+def test_a_pause_has_a_finite_limit(watchdog, limit):
     wd, log = watchdog
-    wd.resume()
-    wd.resume()
-    assert log.fired.wait(TIMEOUT * 10)
+    with pytest.raises((ValueError, TypeError)):
+        wd.pause(limit)
+    assert log.fired.wait(TIMEOUT * 10), "a refused pause must not pause"
 
 
 def test_noop_watchdog_has_pause_and_resume():
     wd = Watchdog.create(debug_name="noop", watchdog_timeout=None)
-    wd.pause()
-    wd.resume()
+    wd.resume(wd.pause(1.0))

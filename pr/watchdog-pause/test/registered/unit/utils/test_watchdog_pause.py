@@ -70,36 +70,58 @@ class TestWatchdogPause(CustomTestCase):
         self.assertTrue(self.firings.fired.wait(FIRES_WITHIN_S), "it never fired")
 
     def test_a_paused_watchdog_does_not_fire_and_a_resumed_one_does(self):
-        self.watchdog.pause()
+        pause = self.watchdog.pause(QUIET_S * 10)
         self.active = True
         self.assertTrue(self.watchdog.paused)
         self.assertQuiet()
         resumed = time.perf_counter()
-        self.watchdog.resume()
+        self.watchdog.resume(pause)
         self.assertFalse(self.watchdog.paused)
         self.assertFires()
         # The timeout restarts at the resume: it does not fire at once for
         # the time spent paused.
         self.assertGreaterEqual(self.firings.times[0] - resumed, TIMEOUT)
 
-    def test_pauses_nest(self):
-        self.watchdog.pause()
-        self.watchdog.pause()
+    def test_pauses_overlap_and_each_resume_ends_its_own(self):
+        first = self.watchdog.pause(QUIET_S * 10)
+        second = self.watchdog.pause(QUIET_S * 10)
         self.active = True
-        self.watchdog.resume()
+        # Ending the first (not the latest) pause leaves the second running.
+        self.watchdog.resume(first)
         self.assertTrue(self.watchdog.paused)
         self.assertQuiet()
-        self.watchdog.resume()
+        self.watchdog.resume(second)
         self.assertFires()
 
-    def test_an_unmatched_resume_is_harmless(self):
-        self.watchdog.resume()
-        self.watchdog.resume()
-        self.assertFalse(self.watchdog.paused)
-        self.watchdog.pause()
+    def test_a_stray_or_repeated_resume_ends_no_other_pause(self):
+        stale = self.watchdog.pause(QUIET_S * 10)
+        self.watchdog.resume(stale)
+        live = self.watchdog.pause(QUIET_S * 10)
         self.active = True
+        self.watchdog.resume(stale)
         self.assertTrue(self.watchdog.paused)
         self.assertQuiet()
+        self.watchdog.resume(live)
+        self.assertFalse(self.watchdog.paused)
+
+    def test_a_later_pause_does_not_extend_an_earlier_ones_limit(self):
+        # The first pause's limit counts from its own start: a short pause
+        # begun later neither restarts nor stretches it.
+        paused = time.perf_counter()
+        self.watchdog.pause(3 * TIMEOUT)
+        self.watchdog.resume(self.watchdog.pause(TIMEOUT / 10))
+        self.active = True
+        self.assertFires()
+        self.assertGreaterEqual(self.firings.times[0] - paused, 3 * TIMEOUT + TIMEOUT)
+
+    def test_a_pause_needs_a_finite_limit(self):
+        for limit in (float("inf"), float("nan"), -1.0):
+            with self.subTest(limit=limit):
+                with self.assertRaises(ValueError):
+                    self.watchdog.pause(limit)
+        with self.assertRaises(TypeError):
+            self.watchdog.pause()
+        self.assertFalse(self.watchdog.paused)
 
     def assertFiresAfterPausing(self, limit):
         paused = time.perf_counter()
@@ -112,7 +134,8 @@ class TestWatchdogPause(CustomTestCase):
         # limit never trips the watchdog.
         self.assertGreaterEqual(self.firings.times[0] - paused, limit + TIMEOUT)
         self.assertIn(
-            "paused by a blocking operation that outlived", self.firings.messages[0]
+            f"paused by a blocking operation that outlived its limit of {limit}s",
+            self.firings.messages[0],
         )
 
     def test_a_pause_with_a_limit_fires_a_timeout_after_the_limit(self):

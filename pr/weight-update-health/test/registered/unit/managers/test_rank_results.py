@@ -12,6 +12,9 @@ maybe_stub_sgl_kernel()  # must precede io_struct, which pulls in sgl_kernel
 
 from sglang.srt.managers import weight_op_results
 from sglang.srt.managers.weight_op_results import gather_rank_results
+from sglang.srt.managers.weight_update_health import (
+    pause_watchdogs_during_weight_update,
+)
 
 register_cpu_ci(est_time=1, suite="base-a-test-cpu")
 
@@ -54,22 +57,32 @@ def handler_answering(output):
 
 
 class TestRankResults(CustomTestCase):
-    def test_the_gather_waits_for_the_slowest_rank_with_the_watchdog_paused(self):
+    def test_one_pause_covers_the_operation_and_the_gather(self):
         # A rank done early waits for one still in its operation (a group
-        # init may block up to the deadline): its watchdog must not count.
+        # init may block up to the deadline): its watchdog must not count
+        # then either, and the operation's one pause (one limit) covers both.
         rank = scheduler()
         output = types.SimpleNamespace(success=True, message="ok")
 
-        def gather(out, mine, group=None):
+        def paused_once():
             rank.watchdog.pause.assert_called_once_with(600.0)
             rank.watchdog.resume.assert_not_called()
+
+        @pause_watchdogs_during_weight_update
+        @gather_rank_results
+        def handler(scheduler, request):
+            paused_once()
+            return output
+
+        def gather(out, mine, group=None):
+            paused_once()
             out[:] = [mine, {"rank": 1, "success": True, "message": "ok"}]
 
         with mock.patch.object(
             weight_op_results.torch.distributed, "all_gather_object", gather
         ):
-            handler_answering(output)(rank, None)
-        rank.watchdog.resume.assert_called_once_with()
+            handler(rank, None)
+        rank.watchdog.resume.assert_called_once_with(rank.watchdog.pause.return_value)
         self.assertTrue(output.success)
 
     def test_a_failure_on_another_rank_fails_the_operation_naming_it(self):
