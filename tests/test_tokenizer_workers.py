@@ -19,8 +19,9 @@ from rlsync.sender import Engine, WeightSender
 pytestmark = pytest.mark.needs("data_parallel_weight_update")
 
 
-# From 0.5.12 detokenizer workers too: a weight operation's watchdog pause
-# had no routing key there, and the detokenizers' router ended the server.
+# From 0.5.12 detokenizer workers too: the router passes on only what it
+# knows how to route (a weight operation once sent the detokenizer a pause
+# with no routing key, and the router's assert ended the server).
 DETOKENIZER_WORKERS = (
     ["--detokenizer-worker-num", "2"]
     if series.version_key(ACTIVE_PIN) >= series.version_key("0.5.12")
