@@ -14,8 +14,6 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
 import torch
 
-from sglang.srt.managers.weight_update_health import watchdogs_paused
-
 if TYPE_CHECKING:
     from sglang.srt.managers.scheduler import Scheduler
 
@@ -79,13 +77,12 @@ def gather_rank_results(handler):
 def add_rank_results(scheduler: Scheduler, output: Any) -> Any:
     """`output` (with success and message) reporting every TP rank in
     `rank_results`, failed if any rank failed, naming the rank. A collective
-    over the TP CPU group: every rank must call it."""
-    # The slowest rank may still be in the operation: wait for it paused.
-    with watchdogs_paused(scheduler):
-        results = gather_from_tp_ranks(
-            scheduler,
-            {"success": bool(output.success), "message": str(output.message)},
-        )
+    over the TP CPU group: every rank must call it. The slowest rank may still
+    be in the operation: call it inside the operation's watchdog pause."""
+    results = gather_from_tp_ranks(
+        scheduler,
+        {"success": bool(output.success), "message": str(output.message)},
+    )
     failed = [r for r in results if not r["success"]]
     if failed and output.success:
         output.success = False

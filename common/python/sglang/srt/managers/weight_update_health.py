@@ -12,8 +12,8 @@ orchestrators kill or drain a healthy server.
   --enable-metrics, /metrics counts both answers and the operations in flight
   (weight_sync/sync_metrics.py).
 - Scheduler side: `pause_watchdogs_during_weight_update` pauses the scheduler's
-  watchdogs up to the deadline and tells the detokenizer to pause its own
-  (`WeightUpdatePauseReq` / `WeightUpdateResumeReq`).
+  watchdogs up to the deadline. The detokenizer's need no pause: its watchdog
+  does not count while it waits for the scheduler.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 from fastapi import Response
 
-from sglang.srt.managers.io_struct import WeightUpdatePauseReq, WeightUpdateResumeReq
 from sglang.srt.weight_sync.sync_metrics import (
     HEALTHY_WHILE_UPDATING,
     PAST_DEADLINE,
@@ -181,8 +180,7 @@ def weight_update_health_response(tokenizer_manager) -> Optional[Response]:
 
 @contextmanager
 def watchdogs_paused(scheduler: Scheduler) -> Iterator[None]:
-    """The scheduler's watchdogs (and the detokenizer's) paused while a
-    weight operation may block."""
+    """The scheduler's watchdogs paused while a weight operation may block."""
     watchdogs = [
         w
         for w in (
@@ -191,25 +189,16 @@ def watchdogs_paused(scheduler: Scheduler) -> Iterator[None]:
         )
         if w is not None
     ]
-    # Only the rank wired to the detokenizer really sends. Token-in/
-    # token-out servers wire that channel to the tokenizer manager, which
-    # has no watchdog to pause.
-    tell_detokenizer = not scheduler.server_args.skip_tokenizer_init
     # Past the operator's deadline /health answers 503, and the watchdogs
     # count their timeout again: a load that never returns ends the server
     # instead of blocking it for good.
     limit = scheduler.server_args.weight_update_health_deadline
-    if tell_detokenizer:
-        scheduler.send_to_detokenizer.send_output(WeightUpdatePauseReq(limit=limit))
-    for watchdog in watchdogs:
-        watchdog.pause(limit)
+    pauses = [(watchdog, watchdog.pause(limit)) for watchdog in watchdogs]
     try:
         yield
     finally:
-        for watchdog in watchdogs:
-            watchdog.resume()
-        if tell_detokenizer:
-            scheduler.send_to_detokenizer.send_output(WeightUpdateResumeReq())
+        for watchdog, pause in pauses:
+            watchdog.resume(pause)
 
 
 def pause_watchdogs_during_weight_update(func):

@@ -1798,21 +1798,6 @@ class FreezeGCReq(BaseReq):
 
 
 @dataclass
-class WeightUpdatePauseReq(BaseReq):
-    """Scheduler -> detokenizer: a blocking weight update starts; pause the watchdog."""
-
-    # Seconds the operation may block before the watchdog counts again.
-    limit: Optional[float] = None
-
-
-@dataclass
-class WeightUpdateResumeReq(BaseReq):
-    """Scheduler -> detokenizer: the blocking weight update ended; resume it."""
-
-    pass
-
-
-@dataclass
 class ConfigureLoggingReq(BaseReq):
     log_requests: Optional[bool] = None
     log_requests_level: Optional[int] = None

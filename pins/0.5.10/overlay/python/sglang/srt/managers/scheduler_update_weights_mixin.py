@@ -51,8 +51,8 @@ logger = logging.getLogger(__name__)
 
 class SchedulerUpdateWeightsMixin:
 
-    @gather_rank_results
     @pause_watchdogs_during_weight_update
+    @gather_rank_results
     def update_weights_from_disk(
         self: Scheduler, recv_req: UpdateWeightFromDiskReqInput
     ):
@@ -69,8 +69,8 @@ class SchedulerUpdateWeightsMixin:
             logger.error(message)
         return UpdateWeightFromDiskReqOutput(success, message, 0)
 
-    @gather_rank_results
     @pause_watchdogs_during_weight_update
+    @gather_rank_results
     def init_weights_update_group(
         self: Scheduler, recv_req: InitWeightsUpdateGroupReqInput
     ):
@@ -103,8 +103,8 @@ class SchedulerUpdateWeightsMixin:
             success, message = True, f"Destroyed the group; {aborted}."
         return DestroyWeightsUpdateGroupReqOutput(success, message)
 
-    @gather_rank_results
     @pause_watchdogs_during_weight_update
+    @gather_rank_results
     def update_weights_from_distributed(
         self,
         recv_req: UpdateWeightsFromDistributedReqInput,
@@ -124,8 +124,8 @@ class SchedulerUpdateWeightsMixin:
             logger.error(message)
         return UpdateWeightsFromDistributedReqOutput(success, message)
 
-    @gather_rank_results
     @pause_watchdogs_during_weight_update
+    @gather_rank_results
     def update_weights_from_tensor(
         self: Scheduler, recv_req: UpdateWeightsFromTensorReqInput
     ):

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
 import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from multiprocessing import Process
 from typing import Callable, List, Optional, Tuple
 
@@ -15,6 +17,19 @@ import psutil
 from sglang.srt.utils.common import pyspy_dump_schedulers
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class WatchdogPause:
+    """A known-blocking operation's pause of a watchdog: it may block for
+    `limit` seconds from `started` (time.perf_counter)."""
+
+    started: float
+    limit: float
+
+    @property
+    def ends(self) -> float:
+        return self.started + self.limit
 
 
 class Watchdog:
@@ -44,10 +59,10 @@ class Watchdog:
     def disable(self):
         yield
 
-    def pause(self, limit: Optional[float] = None):
-        pass
+    def pause(self, limit: float) -> Optional[WatchdogPause]:
+        return None
 
-    def resume(self):
+    def resume(self, pause: Optional[WatchdogPause]):
         pass
 
 
@@ -101,11 +116,12 @@ class _WatchdogReal(Watchdog):
             assert not self._active
             self._active = True
 
-    def pause(self, limit: Optional[float] = None):
-        self._raw.pause(limit)
+    def pause(self, limit: float) -> Optional[WatchdogPause]:
+        return self._raw.pause(limit)
 
-    def resume(self):
-        self._raw.resume()
+    def resume(self, pause: Optional[WatchdogPause]):
+        if pause is not None:
+            self._raw.resume(pause)
         self._counter += 1
 
 
@@ -129,43 +145,47 @@ class WatchdogRaw:
         self.watchdog_timeout = watchdog_timeout
         self.soft = soft
         self.dump_info = dump_info
-        # Blocking weight updates pause the watchdog, each up to its limit;
-        # pauses may nest.
+        # Blocking weight operations pause the watchdog, each up to its own
+        # limit; pauses may overlap.
         self._pause_lock = threading.Lock()
-        self._pause_limits: List[float] = []
+        self._pauses: List[WatchdogPause] = []
         self._restart_epoch = 0
 
         self.parent_process = psutil.Process().parent()
         t = threading.Thread(target=self._watchdog_thread, daemon=True)
         t.start()
 
-    def pause(self, limit: Optional[float] = None):
+    def pause(self, limit: float) -> WatchdogPause:
         """While a known-blocking operation (a weight update) runs, let it
         block for `limit` seconds from now and count the timeout after that:
-        an operation that ends by its limit never trips the watchdog. No
-        limit: do not count."""
+        an operation that ends within its limit never trips the watchdog.
+        `resume` with the pause returned ends it."""
+        if not 0 <= limit < math.inf:
+            raise ValueError(f"a watchdog pause needs a finite limit >= 0: {limit}")
+        pause = WatchdogPause(started=time.perf_counter(), limit=limit)
         with self._pause_lock:
-            self._pause_limits.append(float("inf") if limit is None else limit)
+            self._pauses.append(pause)
             self._restart_epoch += 1
+        return pause
 
-    def resume(self):
-        """End the latest pause; the timeout restarts from now instead of
-        firing at once."""
+    def resume(self, pause: WatchdogPause):
+        """End `pause` (again, or one of another watchdog: nothing); the
+        timeout restarts from now instead of firing at once."""
         with self._pause_lock:
-            if self._pause_limits:
-                self._pause_limits.pop()
+            if any(p is pause for p in self._pauses):
+                self._pauses.remove(pause)
             self._restart_epoch += 1
 
     @property
     def paused(self) -> bool:
-        return bool(self._pause_limits)
+        return bool(self._pauses)
 
-    def _restart_epoch_and_timeout(self) -> Tuple[int, float]:
+    def _restart_epoch_and_last_pause(self) -> Tuple[int, Optional[WatchdogPause]]:
         # Read together: a resume between two reads would count the unpaused
         # timeout from the last restart before the pause.
         with self._pause_lock:
-            limit = max([0.0, *self._pause_limits])
-            return self._restart_epoch, limit + self.watchdog_timeout
+            last = max(self._pauses, key=lambda p: p.ends, default=None)
+            return self._restart_epoch, last
 
     def _watchdog_thread(self):
         try:
@@ -183,14 +203,17 @@ class WatchdogRaw:
 
         while True:
             current = time.perf_counter()
-            restart_epoch, timeout = self._restart_epoch_and_timeout()
+            restart_epoch, last_pause = self._restart_epoch_and_last_pause()
             if restart_epoch != last_restart_epoch:
                 last_restart_epoch = restart_epoch
                 watchdog_last_time = current
             if self.is_active():
                 current_counter = self.get_counter()
                 if watchdog_last_counter == current_counter:
-                    if current > watchdog_last_time + timeout:
+                    counts_from = watchdog_last_time
+                    if last_pause is not None:
+                        counts_from = max(counts_from, last_pause.ends)
+                    if current > counts_from + self.watchdog_timeout:
                         break
                 else:
                     watchdog_last_counter = current_counter
@@ -202,8 +225,9 @@ class WatchdogRaw:
 
         pyspy_dump_schedulers()
         paused = (
-            f", paused by a blocking operation that outlived {timeout}s"
-            if self.paused
+            f", paused by a blocking operation that outlived its limit of "
+            f"{last_pause.limit}s"
+            if last_pause is not None
             else ""
         )
         logger.error(

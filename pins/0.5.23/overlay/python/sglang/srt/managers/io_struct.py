@@ -2628,19 +2628,6 @@ class FreezeGCReq(BaseReq, kw_only=True):
     gc_threshold: Optional[List[int]] = None
 
 
-class WeightUpdatePauseReq(BaseReq, kw_only=True):
-    """Scheduler -> detokenizer: a blocking weight update starts; pause the watchdog."""
-
-    # Seconds the operation may block before the watchdog counts again.
-    limit: Optional[float] = None
-
-
-class WeightUpdateResumeReq(BaseReq, kw_only=True):
-    """Scheduler -> detokenizer: the blocking weight update ended; resume it."""
-
-    pass
-
-
 class ShutdownReq(BaseReq, kw_only=True):
     # Broadcast across TP ranks via the normal recv path, so all ranks break
     # the scheduler loop on the same iteration.

@@ -299,7 +299,7 @@ from sglang.srt.managers.utils import (
     is_health_check_generate_req,
     validate_input_length,
 )
-from sglang.srt.managers.weight_op_results import add_rank_results
+from sglang.srt.managers.weight_op_results import gather_rank_results
 from sglang.srt.managers.weight_update_health import (
     pause_watchdogs_during_weight_update,
 )
@@ -1851,16 +1851,16 @@ class Scheduler(
                 (CloseSessionReqInput, self.close_session),
                 (
                     UpdateWeightFromDiskReqInput,
-                    self._reporting_every_rank(
-                        self._pausing_watchdogs(
+                    self._pausing_watchdogs(
+                        self._reporting_every_rank(
                             self.weight_updater.update_weights_from_disk
                         )
                     ),
                 ),
                 (
                     InitWeightsUpdateGroupReqInput,
-                    self._reporting_every_rank(
-                        self._pausing_watchdogs(
+                    self._pausing_watchdogs(
+                        self._reporting_every_rank(
                             self.weight_updater.init_weights_update_group
                         )
                     ),
@@ -1892,24 +1892,24 @@ class Scheduler(
                 ),
                 (
                     UpdateWeightsFromDistributedReqInput,
-                    self._reporting_every_rank(
-                        self._pausing_watchdogs(
+                    self._pausing_watchdogs(
+                        self._reporting_every_rank(
                             self.weight_updater.update_weights_from_distributed
                         )
                     ),
                 ),
                 (
                     UpdateWeightsFromTensorReqInput,
-                    self._reporting_every_rank(
-                        self._pausing_watchdogs(
+                    self._pausing_watchdogs(
+                        self._reporting_every_rank(
                             self.weight_updater.update_weights_from_tensor
                         )
                     ),
                 ),
                 (
                     UpdateWeightsFromIPCReqInput,
-                    self._reporting_every_rank(
-                        self._pausing_watchdogs(
+                    self._pausing_watchdogs(
+                        self._reporting_every_rank(
                             self.weight_updater.update_weights_from_ipc
                         )
                     ),
@@ -6199,14 +6199,10 @@ class Scheduler(
         else:
             self.maybe_yield_to_weight_receiver()
 
-    @property
-    def send_to_detokenizer(self):
-        # The channel the weight-update health hooks tell the detokenizer on.
-        return self.ipc_channels.send_to_detokenizer
-
     def _pausing_watchdogs(self, handler):
         """A request handler that may block on a weight update, run with the
-        watchdogs (the scheduler's and the detokenizer's) paused."""
+        scheduler's watchdogs paused (its TP gather too, when it wraps
+        `_reporting_every_rank`)."""
         paused = pause_watchdogs_during_weight_update(
             lambda scheduler, recv_req: handler(recv_req)
         )
@@ -6215,7 +6211,8 @@ class Scheduler(
     def _reporting_every_rank(self, handler):
         """A weight operation's handler whose output reports every TP rank's
         result (rank_results) and fails if any rank failed."""
-        return lambda recv_req: add_rank_results(self, handler(recv_req))
+        reporting = gather_rank_results(lambda scheduler, recv_req: handler(recv_req))
+        return partial(reporting, self)
 
     def handle_freeze_gc(self, recv_req: FreezeGCReq):
         """Handle freeze_gc request: freeze scheduler's GC and forward to detokenizer."""
