@@ -3,10 +3,12 @@ operation runs inside one watchdog pause, its TP ranks' gather included —
 no server; a stand-in scheduler, and the TP group's all-gather replaced by
 the other rank's answer."""
 
-import types
+import dataclasses
 import unittest
 from functools import partial
 from unittest import mock
+
+import msgspec
 
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
@@ -18,26 +20,51 @@ from sglang.srt.managers.scheduler import Scheduler
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
 
-# Request type: the weight updater's handler it reaches.
-PAUSED_AND_GATHERED = {
-    io_struct.UpdateWeightFromDiskReqInput: "update_weights_from_disk",
-    io_struct.InitWeightsUpdateGroupReqInput: "init_weights_update_group",
-    io_struct.UpdateWeightsFromDistributedReqInput: "update_weights_from_distributed",
-    io_struct.UpdateWeightsFromTensorReqInput: "update_weights_from_tensor",
-    io_struct.UpdateWeightsFromIPCReqInput: "update_weights_from_ipc",
-}
-PAUSED_ONLY = {
-    io_struct.BeginWeightUpdateReqInput: "begin_weight_update",
-    io_struct.EndWeightUpdateReqInput: "end_weight_update",
-}
-GATHERED_ONLY = {
-    io_struct.DestroyWeightsUpdateGroupReqInput: "destroy_weights_update_group",
-}
+
+def requests(**handlers):
+    """{request type: the handler it reaches}, for the types this release has."""
+    return {
+        getattr(io_struct, name): handler
+        for name, handler in handlers.items()
+        if hasattr(io_struct, name)
+    }
+
+
+PAUSED_AND_GATHERED = requests(
+    UpdateWeightFromDiskReqInput="update_weights_from_disk",
+    InitWeightsUpdateGroupReqInput="init_weights_update_group",
+    UpdateWeightsFromDistributedReqInput="update_weights_from_distributed",
+    UpdateWeightsFromTensorReqInput="update_weights_from_tensor",
+    UpdateWeightsFromIPCReqInput="update_weights_from_ipc",
+)
+PAUSED_ONLY = requests(
+    BeginWeightUpdateReqInput="begin_weight_update",
+    EndWeightUpdateReqInput="end_weight_update",
+)
+GATHERED_ONLY = requests(
+    DestroyWeightsUpdateGroupReqInput="destroy_weights_update_group",
+)
+HANDLERS = {**PAUSED_AND_GATHERED, **PAUSED_ONLY, **GATHERED_ONLY}.values()
+
+# Releases whose dispatcher wraps the weight updater's handlers; the others
+# decorate the scheduler's own handlers, which call the TP worker.
+WRAPS_HANDLERS = hasattr(Scheduler, "_pausing_watchdogs")
 
 
 def request(cls):
-    # Dispatch goes by type; the handlers here never read a field.
-    return cls.__new__(cls)
+    """A request of type `cls`, every required field None (dispatch goes by
+    type; these handlers read no field that matters here)."""
+    if dataclasses.is_dataclass(cls):
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.init
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+    else:
+        required = [f.name for f in msgspec.structs.fields(cls) if f.required]
+    return cls(**dict.fromkeys(required))
 
 
 class TestWeightOperationDispatch(CustomTestCase):
@@ -46,8 +73,21 @@ class TestWeightOperationDispatch(CustomTestCase):
         scheduler.tp_rank, scheduler.tp_size = 0, 2
         scheduler.server_args.dp_size = 1
         scheduler.server_args.weight_update_health_deadline = 42.0
-        # The real wrappers, on the stand-in.
-        for name in ("_pausing_watchdogs", "_reporting_every_rank"):
+        # The real wrappers or handlers, on the stand-in.
+        if WRAPS_HANDLERS:
+            real = ("_pausing_watchdogs", "_reporting_every_rank")
+        else:
+            real = HANDLERS
+            # No two-phase session holds the weights or the group.
+            for check in (
+                "two_phase_session_conflict",
+                "two_phase_session_holds_weights",
+                "two_phase_destroy_fence",
+                "abort_two_phase_session_on_group",
+            ):
+                getattr(scheduler, check).return_value = None
+            scheduler.draft_worker = None
+        for name in real:
             setattr(scheduler, name, partial(getattr(Scheduler, name), scheduler))
         Scheduler.init_request_dispatcher(scheduler)
         self.scheduler = scheduler
@@ -55,20 +95,27 @@ class TestWeightOperationDispatch(CustomTestCase):
         for watchdog in (scheduler.watchdog, scheduler.soft_watchdog):
             watchdog.pause.side_effect = self.recorder("pause")
             watchdog.resume.side_effect = self.recorder("resume")
+        barrier = mock.patch("torch.distributed.barrier")
+        barrier.start()
+        self.addCleanup(barrier.stop)
 
     def recorder(self, event):
         return lambda *args: self.events.append(event)
 
     def answer(self, handler_name):
-        """The weight updater's handler answers ok, recording the call."""
-        output = types.SimpleNamespace(success=True, message="ok")
+        """This rank's operation succeeds, recording the call."""
+        if WRAPS_HANDLERS:
+            owner = self.scheduler.weight_updater
+            result = mock.Mock(success=True, message="ok")
+        else:
+            owner = self.scheduler.tp_worker
+            result = (True, "ok")
 
-        def handle(recv_req):
-            self.events.append("handler")
-            return output
+        def operate(recv_req):
+            self.events.append("operation")
+            return result
 
-        getattr(self.scheduler.weight_updater, handler_name).side_effect = handle
-        return output
+        getattr(owner, handler_name).side_effect = operate
 
     def dispatch(self, cls):
         def gather(out, mine, group=None):
@@ -84,42 +131,45 @@ class TestWeightOperationDispatch(CustomTestCase):
         for cls, handler_name in PAUSED_AND_GATHERED.items():
             with self.subTest(cls.__name__):
                 self.events.clear()
-                output = self.answer(handler_name)
-                self.assertIs(self.dispatch(cls), output)
-                # Both watchdogs pause once, before the handler; the gather
+                self.answer(handler_name)
+                output = self.dispatch(cls)
+                # Both watchdogs pause once, before the operation; the gather
                 # waits for the slowest rank still paused.
                 self.assertEqual(
                     self.events,
-                    ["pause", "pause", "handler", "gather", "resume", "resume"],
+                    ["pause", "pause", "operation", "gather", "resume", "resume"],
                 )
                 # The other rank's failure is the answer, naming the rank.
                 self.assertFalse(output.success)
                 self.assertEqual(output.message, "TP rank 1: oom")
 
     def test_each_pause_is_ended_by_its_own_resume(self):
-        self.answer("update_weights_from_distributed")
-        for watchdog in (self.scheduler.watchdog, self.scheduler.soft_watchdog):
+        cls = io_struct.UpdateWeightsFromDistributedReqInput
+        self.answer(PAUSED_AND_GATHERED[cls])
+        watchdogs = (self.scheduler.watchdog, self.scheduler.soft_watchdog)
+        for watchdog in watchdogs:
             watchdog.pause.side_effect = None
-        self.dispatch(io_struct.UpdateWeightsFromDistributedReqInput)
-        for watchdog in (self.scheduler.watchdog, self.scheduler.soft_watchdog):
+        self.dispatch(cls)
+        for watchdog in watchdogs:
             watchdog.pause.assert_called_once_with(42.0)
             watchdog.resume.assert_called_once_with(watchdog.pause.return_value)
 
-    def test_begin_and_end_pause_and_destroy_gathers(self):
+    def test_other_weight_operations(self):
         for cls, handler_name in PAUSED_ONLY.items():
             with self.subTest(cls.__name__):
                 self.events.clear()
                 self.answer(handler_name)
                 self.dispatch(cls)
                 self.assertEqual(
-                    self.events, ["pause", "pause", "handler", "resume", "resume"]
+                    self.events, ["pause", "pause", "operation", "resume", "resume"]
                 )
+        # Destroying a group does not block: no pause.
         for cls, handler_name in GATHERED_ONLY.items():
             with self.subTest(cls.__name__):
                 self.events.clear()
                 self.answer(handler_name)
                 self.dispatch(cls)
-                self.assertEqual(self.events, ["handler", "gather"])
+                self.assertEqual(self.events, ["operation", "gather"])
 
 
 if __name__ == "__main__":
