@@ -75,7 +75,7 @@ class TestWeightOperationDispatch(CustomTestCase):
         scheduler.server_args.weight_update_health_deadline = 42.0
         # The real wrappers or handlers, on the stand-in.
         if WRAPS_HANDLERS:
-            real = ("_pausing_watchdogs", "_reporting_every_rank")
+            real = ("_weight_operation", "_pausing_watchdogs", "_reporting_every_rank")
         else:
             real = HANDLERS
             # No two-phase session holds the weights or the group.
