@@ -8,9 +8,9 @@ orchestrators kill or drain a healthy server.
 - Tokenizer side: `WeightUpdateTracker` records the operations in flight (a
   set, so overlapping operations and failures stay correct); `/health` and
   `/health_generate` answer 200 at once while one runs and is younger than its
-  deadline, and 503 naming the operation once it is older. With
-  --enable-metrics, /metrics counts both answers and the operations in flight
-  (weight_sync/sync_metrics.py).
+  deadline, and 503 naming the operation once it is older.
+- Metrics: with --enable-metrics, /metrics counts both answers and the
+  operations in flight (weight_sync/sync_metrics.py).
 - Scheduler side: `pause_watchdogs_during_weight_update` pauses the scheduler's
   watchdogs up to the deadline. The detokenizer's need no pause: its watchdog
   does not count while it waits for the scheduler.
@@ -94,9 +94,9 @@ class WeightUpdateTracker:
         return op_id
 
     def end(self, op_id: int) -> None:
-        op = self._operations.pop(op_id, None)
-        if op is not None and self.metrics is not None:
-            self.metrics.ended(op.name)
+        if self.metrics is not None and op_id in self._operations:
+            self.metrics.ended(self._operations[op_id].name)
+        self._operations.pop(op_id, None)
 
     @contextmanager
     def track(

@@ -1851,18 +1851,14 @@ class Scheduler(
                 (CloseSessionReqInput, self.close_session),
                 (
                     UpdateWeightFromDiskReqInput,
-                    self._pausing_watchdogs(
-                        self._reporting_every_rank(
-                            self.weight_updater.update_weights_from_disk
-                        )
+                    self._weight_operation(
+                        self.weight_updater.update_weights_from_disk
                     ),
                 ),
                 (
                     InitWeightsUpdateGroupReqInput,
-                    self._pausing_watchdogs(
-                        self._reporting_every_rank(
-                            self.weight_updater.init_weights_update_group
-                        )
+                    self._weight_operation(
+                        self.weight_updater.init_weights_update_group
                     ),
                 ),
                 (
@@ -1892,26 +1888,20 @@ class Scheduler(
                 ),
                 (
                     UpdateWeightsFromDistributedReqInput,
-                    self._pausing_watchdogs(
-                        self._reporting_every_rank(
-                            self.weight_updater.update_weights_from_distributed
-                        )
+                    self._weight_operation(
+                        self.weight_updater.update_weights_from_distributed
                     ),
                 ),
                 (
                     UpdateWeightsFromTensorReqInput,
-                    self._pausing_watchdogs(
-                        self._reporting_every_rank(
-                            self.weight_updater.update_weights_from_tensor
-                        )
+                    self._weight_operation(
+                        self.weight_updater.update_weights_from_tensor
                     ),
                 ),
                 (
                     UpdateWeightsFromIPCReqInput,
-                    self._pausing_watchdogs(
-                        self._reporting_every_rank(
-                            self.weight_updater.update_weights_from_ipc
-                        )
+                    self._weight_operation(
+                        self.weight_updater.update_weights_from_ipc
                     ),
                 ),
                 (
@@ -6201,12 +6191,19 @@ class Scheduler(
 
     def _pausing_watchdogs(self, handler):
         """A request handler that may block on a weight update, run with the
-        scheduler's watchdogs paused (its TP gather too, when it wraps
-        `_reporting_every_rank`)."""
+        scheduler's watchdogs paused."""
         paused = pause_watchdogs_during_weight_update(
             lambda scheduler, recv_req: handler(recv_req)
         )
         return partial(paused, self)
+
+    def _weight_operation(self, handler):
+        """The handler of a weight operation that loads weights or joins a
+        group (disk, group init, distributed, tensor, IPC): it may block."""
+        # Every TP rank's result, gathered inside the pause: the slowest rank
+        # may still be in the operation.
+        handler = self._reporting_every_rank(handler)
+        return self._pausing_watchdogs(handler)
 
     def _reporting_every_rank(self, handler):
         """A weight operation's handler whose output reports every TP rank's

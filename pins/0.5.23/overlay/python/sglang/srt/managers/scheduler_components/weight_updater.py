@@ -229,8 +229,9 @@ class SchedulerWeightUpdaterManager:
         recv_req: UpdateWeightsFromDistributedReqInput,
     ) -> Tuple[bool, str]:
         """Update the online model parameter, fanning out to the selected runners."""
-        target = self.tp_worker.model_runner.weight_updater
-        unknown = target.unknown_update_group(recv_req.group_name)
+        unknown = self.tp_worker.model_runner.weight_updater.unknown_update_group(
+            recv_req.group_name
+        )
         if unknown:  # the request's own field first: it is wrong in any state
             return UpdateWeightsFromDistributedReqOutput(success=False, message=unknown)
         if self._session is None:
