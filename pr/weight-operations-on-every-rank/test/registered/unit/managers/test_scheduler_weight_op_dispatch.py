@@ -4,6 +4,7 @@ no server; a stand-in scheduler, and the TP group's all-gather replaced by
 the other rank's answer."""
 
 import dataclasses
+import inspect
 import unittest
 from functools import partial
 from unittest import mock
@@ -15,7 +16,9 @@ from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
 
 maybe_stub_sgl_kernel()  # must precede io_struct, which pulls in sgl_kernel
 
-from sglang.srt.managers import io_struct, weight_op_results
+from sglang.srt.managers import io_struct
+from sglang.srt.managers import scheduler as scheduler_module
+from sglang.srt.managers import weight_op_results
 from sglang.srt.managers.scheduler import Scheduler
 
 register_cpu_ci(est_time=30, suite="base-a-test-cpu")
@@ -65,6 +68,20 @@ def request(cls):
     else:
         required = [f.name for f in msgspec.structs.fields(cls) if f.required]
     return cls(**dict.fromkeys(required))
+
+
+class TestTheSchedulerHasWhatTheGatherReads(CustomTestCase):
+    def test_ranks_group_and_size(self):
+        # The stand-ins here answer any attribute: ask the real class (a
+        # property) or its module (set on the instance).
+        source = inspect.getsource(scheduler_module)
+        for name in ("tp_rank", "dp_rank", "tp_size", "tp_cpu_group"):
+            with self.subTest(name):
+                self.assertTrue(
+                    isinstance(inspect.getattr_static(Scheduler, name, None), property)
+                    or f"self.{name} = " in source,
+                    f"the Scheduler has no {name}",
+                )
 
 
 class TestWeightOperationDispatch(CustomTestCase):

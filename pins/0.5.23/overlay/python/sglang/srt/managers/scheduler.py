@@ -6183,6 +6183,16 @@ class Scheduler(
         ):
             self.session_controller.close(recv_req)
 
+    @property
+    def tp_rank(self) -> int:
+        """This scheduler's TP rank, which weight operations report."""
+        return get_parallel().tp_rank
+
+    @property
+    def dp_rank(self) -> int:
+        """This replica's data-parallel rank (0 without data parallelism)."""
+        return get_parallel().dp_rank or 0
+
     def maybe_sleep_on_idle(self):
         if self.idle_sleeper is not None:
             self.idle_sleeper.maybe_sleep()

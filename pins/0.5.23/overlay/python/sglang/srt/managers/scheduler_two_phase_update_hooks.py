@@ -31,15 +31,6 @@ if TYPE_CHECKING:
 
 class SchedulerTwoPhaseUpdateHooks:
     @property
-    def tp_rank(self: Scheduler) -> int:
-        return get_parallel().tp_rank
-
-    @property
-    def dp_rank(self: Scheduler) -> int:
-        """This replica's data-parallel rank (0 without data parallelism)."""
-        return get_parallel().dp_rank or 0
-
-    @property
     def _update_groups(self: Scheduler) -> Dict[str, Any]:
         return self.tp_worker.model_runner.weight_updater._model_update_group
 
