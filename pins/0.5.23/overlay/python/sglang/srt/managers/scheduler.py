@@ -1900,9 +1900,7 @@ class Scheduler(
                 ),
                 (
                     UpdateWeightsFromIPCReqInput,
-                    self._weight_operation(
-                        self.weight_updater.update_weights_from_ipc
-                    ),
+                    self._weight_operation(self.weight_updater.update_weights_from_ipc),
                 ),
                 (
                     UpdateWeightVersionReqInput,
