@@ -111,6 +111,42 @@ def test_no_commit_of_the_branch_imports_what_a_later_one_adds():
     assert pr_series.stage_problems(LAYOUT, pr_series.cut(LAYOUT)) == []
 
 
+def added_line_ranges(repo: Path, commit: str, path: str) -> list[str]:
+    """black's --line-ranges of the lines `commit` adds to `path`."""
+    diff = sh(repo, "diff", "-U0", f"{commit}^", commit, "--", path)
+    ranges = []
+    for start, count in re.findall(r"^@@ -\S+ \+(\d+)(?:,(\d+))? @@", diff, re.M):
+        if count != "0":
+            end = int(start) + int(count or 1) - 1
+            ranges.append(f"--line-ranges={start}-{end}")
+    return ranges
+
+
+def test_each_commit_formats_the_lines_it_adds_as_black_does(branch, tmp_path):
+    """A reviewer's checkout of any commit passes black 24.10.0 on the lines
+    that commit adds: a line whose final form another commit's wrapping
+    shaped (a nested call cut away) would not."""
+    repo, name = branch
+    bad = []
+    for patch, commit in commits_of(repo, name).items():
+        changed = sh(repo, "diff", "--name-only", f"{commit}^", commit).split()
+        for path in (p for p in changed if p.endswith(".py")):
+            ranges = added_line_ranges(repo, commit, path)
+            if not ranges:
+                continue
+            copy = tmp_path / "check.py"
+            copy.write_text(sh(repo, "show", f"{commit}:{path}"))
+            proc = subprocess.run(
+                [sys.executable, "-m", "black", "--check", "-q", *ranges, str(copy)],
+                env={**os.environ, "BLACK_CACHE_DIR": str(tmp_path / "cache")},
+                capture_output=True,
+                text=True,
+            )
+            if proc.returncode != 0:
+                bad.append(f"{patch}: {path}")
+    assert not bad, f"lines not formatted as black 24.10.0 formats them: {bad}"
+
+
 def run_unit_tests(tree: Path, files: list[str]) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(tree / "python")}
     return subprocess.run(
