@@ -51,6 +51,11 @@ def _conflicted(work: Path) -> list[str]:
     return [line for line in out.splitlines() if line]
 
 
+def _untracked(work: Path) -> set[str]:
+    out = git(work, "ls-files", "--others", "--exclude-standard").stdout
+    return {line for line in out.splitlines() if line}
+
+
 def _own_diff(work: Path, commit: str) -> str:
     """What a commit changes, without the blob ids of its index lines."""
     diff = git(work, "diff", "--no-color", f"{commit}^", commit).stdout
@@ -66,6 +71,7 @@ def rewrite_worktree(work: Path, script: Path, base: str = "upstream") -> list[s
     commits = git(work, "rev-list", "--reverse", f"{base}..HEAD").stdout.split()
     git(work, "checkout", "--quiet", "--detach", base)
     changed = []
+    stray = _untracked(work)
     try:
         for commit in commits:
             picked = git(work, "cherry-pick", "--no-commit", commit, check=False)
@@ -78,6 +84,10 @@ def rewrite_worktree(work: Path, script: Path, base: str = "upstream") -> list[s
                 git(work, "checkout", commit, "--", *conflicted)
             _run_script(script, work)
             git(work, "add", "--update")
+            # Files the script wrote where the commit has none.
+            created = sorted(_untracked(work) - stray)
+            if created:
+                git(work, "add", "--", *created)
             if conflicted:
                 git(work, "add", "--", *conflicted)
             env = dict(IDENTITY)
@@ -91,6 +101,8 @@ def rewrite_worktree(work: Path, script: Path, base: str = "upstream") -> list[s
     except BaseException:
         git(work, "cherry-pick", "--abort", check=False)
         git(work, "reset", "--quiet", "--hard", check=False)
+        for path in _untracked(work) - stray:
+            (work / path).unlink()
         git(work, "checkout", "--quiet", branch, check=False)
         raise
     git(work, "branch", "--quiet", "--force", branch, "HEAD")

@@ -64,9 +64,35 @@ def test_every_commit_gets_the_change_conflicts_included(series: Path, tmp_path)
     assert rewrite_worktree(series, script) == []
 
 
+CREATE = """import sys
+from pathlib import Path
+
+tree = Path(sys.argv[1])
+if "y = " in (tree / "a.py").read_text():
+    (tree / "c.py").write_text("from a import y\\n")
+"""
+
+
+def test_a_file_the_script_writes_is_committed_from_where_it_first_appears(
+    series: Path, tmp_path
+):
+    script = tmp_path / "create.py"
+    script.write_text(CREATE)
+    (series / "stray.txt").write_text("not the script's\n")
+    assert rewrite_worktree(series, script) == ["adds y"]
+    assert "c.py" not in git(series, "ls-tree", "--name-only", "upstream").stdout
+    for rev in ("rlsync~2", "rlsync~1", "rlsync"):
+        assert tree_at(series, rev, "c.py") == "from a import y\n"
+    assert "stray.txt" not in git(series, "ls-tree", "--name-only", "rlsync").stdout
+
+
 def test_a_failing_script_leaves_the_series_as_it_was(series: Path, tmp_path):
     script = tmp_path / "fails.py"
-    script.write_text("raise SystemExit('no')\n")
+    script.write_text(
+        "import sys, pathlib\n"
+        "pathlib.Path(sys.argv[1], 'half.py').write_text('')\n"
+        "raise SystemExit('no')\n"
+    )
     head = git(series, "rev-parse", "rlsync").stdout
     with pytest.raises(SeriesError, match="no"):
         rewrite_worktree(series, script)
