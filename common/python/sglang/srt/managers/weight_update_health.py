@@ -57,19 +57,22 @@ class WeightUpdateOperation:
 
     @property
     def label(self) -> str:
-        if self.session_id is None:
-            return self.name
-        return f"{self.name} of session {self.session_id}"
+        """How a health answer names the operation."""
+        if self.session_id is not None:
+            return f"{self.name} of session {self.session_id}"
+        return self.name
 
 
 class WeightUpdateTracker:
-    def __init__(self, default_deadline: float, enable_metrics: bool = False):
+    def __init__(self, default_deadline: float):
         self.default_deadline = default_deadline
         self._operations: Dict[int, WeightUpdateOperation] = {}
         self._ids = itertools.count()
-        self.metrics: Optional[WeightUpdateHealthMetrics] = (
-            weight_update_health_metrics() if enable_metrics else None
-        )
+        self.metrics: Optional[WeightUpdateHealthMetrics] = None
+
+    def record_metrics(self) -> None:
+        """Count the operations in flight and the health answers on /metrics."""
+        self.metrics = weight_update_health_metrics()
 
     def begin(
         self,
@@ -97,19 +100,6 @@ class WeightUpdateTracker:
         if self.metrics is not None and op_id in self._operations:
             self.metrics.ended(self._operations[op_id].name)
         self._operations.pop(op_id, None)
-
-    @contextmanager
-    def track(
-        self,
-        name: str,
-        timeout: Optional[float] = None,
-        session_id: Optional[str] = None,
-    ) -> Iterator[None]:
-        op_id = self.begin(name, timeout, session_id)
-        try:
-            yield
-        finally:
-            self.end(op_id)
 
     @property
     def in_progress(self) -> bool:
@@ -139,12 +129,15 @@ def track_weight_update(name: str):
             if tracker is None:
                 return await func(self, *args, **kwargs)
             obj = args[0] if args else kwargs.get("obj")
-            with tracker.track(
+            op_id = tracker.begin(
                 name,
                 timeout=getattr(obj, "timeout", None),
                 session_id=getattr(obj, "session_id", None),
-            ):
+            )
+            try:
                 return await func(self, *args, **kwargs)
+            finally:
+                tracker.end(op_id)
 
         return wrapper
 

@@ -1,12 +1,8 @@
 """Checks of the weight-update server arguments, run before anything starts.
 
-A deadline of 0 or less made every health check during an update a 503 at
-once (and bounded every update group's collectives by it); a body limit of
-0 refused every weight-update request; a negative staging budget refused
-every prepare; NaN compared false everywhere; a huge body limit overflowed
-into an error once the model had loaded, and a huge deadline failed every
-update group's init. Each such value is refused at start-up, naming the
-flag and the range it takes.
+A value a flag cannot use is refused at start-up, with a ValueError naming
+the flag and the range it takes, instead of breaking every weight update
+once the server runs.
 """
 
 from __future__ import annotations
@@ -17,15 +13,20 @@ from typing import Any
 
 _LIMIT_RANGE = "MiB from 0.0009765625 (1 KiB) to 1073741824 (1 PiB)"
 # The numeric arguments: the range they take, and how a message says it.
-# The deadline bounds process-group timeouts, which hold milliseconds in a C
-# int (24 days); the limits are converted to bytes.
 _RANGES = {
+    # 0 or less made every health check during an update a 503 at once; inf
+    # or NaN failed every blocking weight operation (a watchdog pause needs a
+    # finite limit). At most 10**6 s (11.6 days), so that a timeout in
+    # milliseconds drawn from it fits a C int.
     "weight_update_health_deadline": (1, 10**6, "seconds from 1 to 1000000"),
+    # A negative budget refused every prepare; None: the device's free memory.
     "weight_update_staging_budget_mb": (1, 2**30, "MiB from 1 to 1073741824 (1 PiB)"),
+    # Converted to bytes: 0 refused every weight-update request, and a huge
+    # limit overflowed into an error once the model had loaded.
     "weight_update_max_request_mb": (2**-10, 2**30, _LIMIT_RANGE),
     "weight_update_max_tensor_request_mb": (2**-10, 2**30, _LIMIT_RANGE),
 }
-# Of those, the ones None leaves at their default (the device's free memory).
+# Of those, the ones None leaves at their default.
 _OPTIONAL = {"weight_update_staging_budget_mb"}
 STAGING_PLACEMENTS = ("device", "host")
 

@@ -807,7 +807,6 @@ class TokenizerCommunicatorMixin:
         except ValueError as e:
             return UnloadLoRAAdapterReqOutput(success=False, error_message=str(e))
 
-    @track_weight_update("get_weights_by_name")
     async def get_weights_by_name(
         self: TokenizerManager,
         obj: GetWeightsByNameReqInput,

@@ -790,8 +790,10 @@ class TokenizerManager(
         self.is_pause_cond = asyncio.Condition()
         # Weight-update operations in flight, for the health check.
         self.weight_update_tracker = WeightUpdateTracker(
-            self.server_args.weight_update_health_deadline, self.enable_metrics
+            self.server_args.weight_update_health_deadline
         )
+        if self.enable_metrics:
+            self.weight_update_tracker.record_metrics()
 
     def init_lora(self):
         # LoRA
