@@ -17,9 +17,12 @@ line belongs to the patch that first wrote its slot, in its final form.
     set <name> = <patch> [<patch> ...]
         a name for several patches (`@<name>` in a selector);
     commit <name> <selector> [<selector> ...]
-        a selector is `<patch>` or `@<set>`, optionally `:<path glob>`: the
-        first commit with a selector matching (patch, file) takes that
-        patch's lines in that file; every such pair must match one;
+        a selector is `<patch>` or `@<set>`, optionally `:<path glob>`, and
+        after that optionally `::<name glob>`: the first commit with a
+        selector matching (patch, file) takes that patch's lines in that
+        file, or, with a name glob, only its lines in the file's top-level
+        definitions (def, class) of a matching name, `(module)` naming
+        the lines outside any; every line must match one;
     pr <name>
         the commits below it, to the next `pr` line, are one pull request
         (stacked: each on the one above); its description is
@@ -52,6 +55,8 @@ from devtools.pr_files import MESSAGES_DIR, PR_DIR, PULLS_DIR
 from devtools.series import IDENTITY, Layout, SeriesError, ensure_upstream, git
 
 PLAN_FILE = "series"
+# How a selector's name glob names the lines outside any definition.
+MODULE_LEVEL = "(module)"
 # Trailers of the fork's series that mean nothing upstream.
 _FORK_TRAILER = re.compile(r"^(Depends|Feature|Forwarded): .*\n", re.M)
 
@@ -59,23 +64,33 @@ _FORK_TRAILER = re.compile(r"^(Depends|Feature|Forwarded): .*\n", re.M)
 @dataclass
 class Plan:
     """`drop <patch>` lines and `commit <name> <selector>...` lines, in
-    order; a selector is `<patch>` or `<patch>:<path glob>`."""
+    order; a selector is (patch, path glob, definition name glob or None)."""
 
     drops: set[str] = field(default_factory=set)
-    commits: list[tuple[str, list[tuple[str, str]]]] = field(default_factory=list)
+    commits: list[tuple[str, list[tuple[str, str, str | None]]]] = field(
+        default_factory=list
+    )
     # The stacked pull requests: (name, its commits' names), in order.
     pulls: list[tuple[str, list[str]]] = field(default_factory=list)
 
-    def commit_of(self, patch: str, path: str) -> str | None:
-        """The commit that takes `patch`'s lines in `path` (None: dropped)."""
+    def commit_of(
+        self, patch: str, path: str, definition: str | None = None
+    ) -> str | None:
+        """The commit that takes `patch`'s lines in `path`, those in the
+        top-level `definition` where one is given (None: dropped)."""
         if patch in self.drops:
             return None
         for name, selectors in self.commits:
-            for selected, glob in selectors:
-                if selected == patch and fnmatch.fnmatchcase(path, glob):
+            for selected, glob, names in selectors:
+                if selected != patch or not fnmatch.fnmatchcase(path, glob):
+                    continue
+                if names is None or fnmatch.fnmatchcase(
+                    definition or MODULE_LEVEL, names
+                ):
                     return name
+        where = f" (in {definition})" if definition else ""
         raise SeriesError(
-            f"{PR_DIR}/{PLAN_FILE}: no commit takes {patch}'s lines in {path}"
+            f"{PR_DIR}/{PLAN_FILE}: no commit takes {patch}'s lines in {path}{where}"
         )
 
 
@@ -111,11 +126,12 @@ def read_plan(root: Path) -> Plan:
             names.add(words[1])
             selectors = []
             for word in words[2:]:
+                word, _, defined = word.partition("::")
                 patch, _, glob = word.partition(":")
                 if patch.startswith("@") and patch[1:] not in sets:
                     raise SeriesError(f"{where}: no 'set {patch[1:]} = ...' above")
                 for each in sets[patch[1:]] if patch.startswith("@") else [patch]:
-                    selectors.append((each, glob or "*"))
+                    selectors.append((each, glob or "*", defined or None))
             plan.commits.append((words[1], selectors))
             if plan.pulls:
                 plan.pulls[-1][1].append(words[1])
@@ -130,7 +146,8 @@ def read_plan(root: Path) -> Plan:
         else:
             raise SeriesError(
                 f"{where}: expected 'drop <patch>', 'set <name> = <patch>...', "
-                "'commit <name> <patch or @set>[:<path glob>]...' or 'pr <name>' "
+                "'commit <name> <patch or @set>[:<path glob>][::<name glob>]...' "
+                "or 'pr <name>' "
                 "(each commit and pull request named once)"
             )
     return plan
@@ -181,15 +198,54 @@ def check_pull_descriptions(root: Path) -> list[str]:
     return problems
 
 
-def _stage_text(lines: list[Line], upto: int, index: dict[str, int]) -> list[str]:
+_DEFINITION = re.compile(r"(?:async\s+)?(?:def|class)\s+(\w+)")
+
+
+def definitions(lines: list[Line]) -> list[str | None]:
+    """The top-level definition (def or class) each line of a file is in,
+    None at module level. A blank line and a removed line go with the line
+    before them where that has their origin (the blank lines a definition
+    ends with), else with the line after them; a decorator and a comment
+    at the margin go with the line after them (what they precede)."""
+    found: list[str | None] = []
+    floating: list[int] = []
+    current: str | None = None
+    for i, line in enumerate(lines):
+        text = line.text
+        if line.removed_by or not text.strip() or text.startswith(("#", "@")):
+            floating.append(i)
+            found.append(None)
+            continue
+        match = _DEFINITION.match(text)
+        if match:
+            current = match.group(1)
+        elif not text[0].isspace() and not text.startswith((")", "]", "}")):
+            current = None
+        found.append(current)
+    fixed = set(range(len(lines))) - set(floating)
+    for i in floating:
+        before = max((j for j in fixed if j < i), default=None)
+        after = min((j for j in fixed if j > i), default=None)
+        leads = lines[i].text.startswith(("#", "@")) and not lines[i].removed_by
+        if before is not None and (
+            after is None or (not leads and lines[before].origin == lines[i].origin)
+        ):
+            found[i] = found[before]
+        elif after is not None:
+            found[i] = found[after]
+    return found
+
+
+def _stage_text(lines: list[Line], upto: int, commits: list[int | None]) -> list[str]:
     """A file's lines once the commits before `upto` (an index) are made;
-    `index`: {patch or commit key: commit index}, missing: never."""
+    `commits`: the index of the commit that adds each line (or removes it,
+    for a pristine line), None: never."""
     out = []
-    for line in lines:
+    for line, commit in zip(lines, commits):
         if line.origin == UPSTREAM:
-            if not line.removed_by or index.get(line.removed_by, upto) >= upto:
+            if not line.removed_by or commit is None or commit >= upto:
                 out.append(line.text)
-        elif index.get(line.origin, upto) < upto:
+        elif commit is not None and commit < upto:
             out.append(line.text)
     return out
 
@@ -226,19 +282,24 @@ def cut(layout: Layout) -> list[Commit]:
     paths = {path for _, text in patches for path, _ in file_diffs(text)}
     pristine = pristine_texts(layout, paths)
     files = line_origins(patches, pristine)
-    # {path: {patch: commit index}}: where each patch's lines of a file go.
-    index: dict[str, dict[str, int]] = {}
+    # {path: the index of the commit each line goes to, None: none}.
+    index: dict[str, list[int | None]] = {}
     touched: dict[int, set[str]] = {}
     for path, lines in files.items():
-        index[path] = {}
-        for line in lines:
+        index[path] = []
+        taken: dict[tuple[str, str | None], int | None] = {}
+        for line, definition in zip(lines, definitions(lines)):
             patch = line.removed_by or line.origin
-            if patch == UPSTREAM or patch in index[path]:
+            if patch == UPSTREAM:
+                index[path].append(None)
                 continue
-            commit = plan.commit_of(patch, path)
-            if commit is not None:
-                index[path][patch] = position[commit]
-                touched.setdefault(position[commit], set()).add(path)
+            if (patch, definition) not in taken:
+                commit = plan.commit_of(patch, path, definition)
+                taken[patch, definition] = None if commit is None else position[commit]
+            at = taken[patch, definition]
+            index[path].append(at)
+            if at is not None:
+                touched.setdefault(at, set()).add(path)
     commits = []
     for i, name in enumerate(order):
         changed: dict[str, str | None] = {}

@@ -49,16 +49,18 @@ def test_a_removed_pristine_line_stays_as_its_removers_tombstone():
     ]
 
 
-def stages(plan: pr_series.Plan, *patches: tuple[str, str]) -> list[str]:
-    (lines,) = line_origins(list(patches), {"f.py": PRISTINE}).values()
+def stages(
+    plan: pr_series.Plan, *patches: tuple[str, str], pristine: str = PRISTINE
+) -> list[str]:
+    (lines,) = line_origins(list(patches), {"f.py": pristine}).values()
     order = [name for name, _ in plan.commits]
-    index = {}
-    for line in lines:
+    index = []
+    for line, definition in zip(lines, pr_series.definitions(lines)):
         owner = line.removed_by or line.origin
+        commit = None
         if owner != UPSTREAM:
-            commit = plan.commit_of(owner, "f.py")
-            if commit is not None:
-                index[owner] = order.index(commit)
+            commit = plan.commit_of(owner, "f.py", definition)
+        index.append(None if commit is None else order.index(commit))
     return [
         "".join(f"{t}\n" for t in pr_series._stage_text(lines, i + 1, index))
         for i in range(len(order))
@@ -67,7 +69,7 @@ def stages(plan: pr_series.Plan, *patches: tuple[str, str]) -> list[str]:
 
 def test_each_commit_adds_final_lines_only_and_a_dropped_patch_leaves_none():
     plan = pr_series.Plan(
-        drops={"C"}, commits=[("A", [("A", "*")]), ("B", [("B", "*")])]
+        drops={"C"}, commits=[("A", [("A", "*", None)]), ("B", [("B", "*", None)])]
     )
     first, second = stages(plan, ("A", A), ("B", B), ("C", C))
     assert first == "a\nb\nx = 1\ny = 3\nc\n"
@@ -82,17 +84,61 @@ def test_each_commit_adds_final_lines_only_and_a_dropped_patch_leaves_none():
     }
 
 
+# D adds a class and, above it, the helpers it calls, each with its blank
+# lines and the helper's decorator.
+MODULE = "import os\n\n\nclass Old:\n    pass\n"
+D = patch(
+    "f.py",
+    "@@ -1,5 +1,17 @@\n import os\n \n \n"
+    "+@cache\n+def check_a(x):\n+    return x\n+\n+\n"
+    "+class New:\n+    a = check_a(1)\n+\n+\n"
+    "+# The old one.\n"
+    " class Old:\n     pass\n",
+)
+
+
+def test_a_definition_glob_takes_a_patchs_top_level_definitions_of_that_name():
+    plan = pr_series.Plan(
+        commits=[("checks", [("D", "f.py", "check_*")]), ("rest", [("D", "*", None)])]
+    )
+    checks, rest = stages(plan, ("D", D), pristine=MODULE)
+    assert checks == (
+        "import os\n\n\n@cache\ndef check_a(x):\n    return x\n\n\n"
+        "class Old:\n    pass\n"
+    )
+    assert rest == (
+        "import os\n\n\n@cache\ndef check_a(x):\n    return x\n\n\n"
+        "class New:\n    a = check_a(1)\n\n\n# The old one.\nclass Old:\n    pass\n"
+    )
+    (lines,) = line_origins([("D", D)], {"f.py": MODULE}).values()
+    found = pr_series.definitions(lines)
+    assert found[3:13] == ["check_a"] * 5 + ["New"] * 4 + ["Old"]
+    assert found[:3] == [None] * 3
+    with pytest.raises(SeriesError, match="lines in f.py \\(in New\\)"):
+        plan = pr_series.Plan(commits=[("c", [("D", "*", "check_*")])])
+        stages(plan, ("D", D), pristine=MODULE)
+
+
 def test_a_plan_takes_every_patch_and_file_or_names_what_it_misses(tmp_path: Path):
     (tmp_path / "pr").mkdir()
     (tmp_path / "pr" / "series").write_text(
-        "drop C\nset both = A B\ncommit core @both:*.py\ncommit rest A\n"
+        "drop C\nset both = A B\ncommit defs A:*.py::check_*\n"
+        "commit core @both:*.py\ncommit rest A\n"
     )
     plan = pr_series.read_plan(tmp_path)
+    assert plan.commits[0] == ("defs", [("A", "*.py", "check_*")])
+    assert plan.commit_of("A", "f.py", "check_a") == "defs"
+    assert plan.commit_of("A", "f.py", "other") == "core"
+    assert plan.commit_of("A", "f.py") == "core"
     assert plan.commit_of("B", "f.py") == "core"
     assert plan.commit_of("A", "doc.md") == "rest"
     assert plan.commit_of("C", "f.py") is None
     with pytest.raises(SeriesError, match="no commit takes B's lines in doc.md"):
         plan.commit_of("B", "doc.md")
+    (tmp_path / "pr" / "series").write_text("commit imports A::(module)\ncommit a A\n")
+    plan = pr_series.read_plan(tmp_path)
+    assert plan.commit_of("A", "f.py") == "imports"
+    assert plan.commit_of("A", "f.py", "check_a") == "a"
     (tmp_path / "pr" / "series").write_text("commit core @nothing\n")
     with pytest.raises(SeriesError, match="no 'set nothing"):
         pr_series.read_plan(tmp_path)

@@ -4211,7 +4211,7 @@ class ServerArgs:
             "--weight-update-health-deadline",
             type=float,
             default=ServerArgs.weight_update_health_deadline,
-            help="While a weight update runs, /health and /health_generate answer 200 at once; past this many seconds (or the operation's own timeout) they report it as stuck with 503.",
+            help="While a weight update runs, /health and /health_generate answer 200 at once; past this many seconds they report it as stuck with 503, and the watchdogs count again.",
         )
         parser.add_argument(
             "--weight-update-staging-budget-mb",

@@ -74,7 +74,7 @@ class Device(msgspec.Struct):
     ] = None
     weight_update_health_deadline: A[
         float,
-        "While a weight update runs, /health and /health_generate answer 200 at once; past this many seconds (or the operation's own timeout) they report it as stuck with 503.",
+        "While a weight update runs, /health and /health_generate answer 200 at once; past this many seconds they report it as stuck with 503, and the watchdogs count again.",
     ] = 600
     weight_update_staging_budget_mb: A[
         Optional[float],
