@@ -175,9 +175,10 @@ def join_update_group(
     backend: str = "gloo",
     timeout: float = 300.0,
 ) -> dist.ProcessGroup:
-    """Join (as `rank`, the trainer is 0) the group the engines join, bound
-    to the interface that routes to the master address unless
-    GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME is set; the whole join within
+    """Join (as `rank`, the trainer is 0) the group the engines join, a gloo
+    group bound to the interface that routes to the master address unless
+    GLOO_SOCKET_IFNAME is set (NCCL: set NCCL_SOCKET_IFNAME at launch); the
+    whole join within
     `timeout`, an UpdateGroupInitError naming the addresses otherwise. Every
     collective of the group then waits up to `timeout`."""
     _check_join_args(

@@ -5,8 +5,11 @@ hosts. Unless GLOO_SOCKET_IFNAME (NCCL_SOCKET_IFNAME) names an interface, gloo
 advertises to its peers the address the host name resolves to: on a host whose
 name resolves to loopback every peer is told 127.0.0.1, the connect is refused,
 and the group init waits out its timeout with nothing said. Here, unless the
-user set the variable, each rank binds the group to the interface that routes
-to the master address: the network the trainer and the engines share.
+user set the variable, each rank binds a gloo group to the interface that
+routes to the master address: the network the trainer and the engines share.
+NCCL reads its variable when a process first starts networking (for the
+update group, at its first collective, once the group is made): set
+NCCL_SOCKET_IFNAME at launch.
 
 Standard library only, so a trainer can bind its side of the group by the same
 rule without SGLang.
@@ -96,19 +99,22 @@ def _ipv6_interface_of(packed_hex: str) -> Optional[str]:
 def interface_environment(
     backend: str, route: Route, environ: Mapping[str, str] = os.environ
 ) -> Dict[str, str]:
-    """The variable to set for this group's backend: its interface variable
-    naming the route's interface, unless the user set it (or it is unknown)."""
-    variable = IFNAME_VARIABLES.get(str(backend).lower())
-    if variable is None or environ.get(variable) or route.interface is None:
+    """The variable to set while a gloo group is made: GLOO_SOCKET_IFNAME
+    naming the route's interface, unless the user set it. Nothing for
+    another backend: NCCL would read its variable only after the group is
+    made."""
+    if str(backend).lower() != "gloo":
+        return {}
+    variable = IFNAME_VARIABLES["gloo"]
+    if environ.get(variable) or route.interface is None:
         return {}
     return {variable: route.interface}
 
 
 @contextmanager
 def bound_to_route(backend: str, route: Route) -> Iterator[Dict[str, str]]:
-    """While the group is created, its backend binds to the route's
-    interface (gloo reads the variable when it creates the group; NCCL when
-    it first starts networking in a process: later groups keep that choice)."""
+    """While a gloo group is created, it binds to the route's interface
+    (gloo reads the variable then)."""
     with _environ_lock:
         chosen = interface_environment(backend, route)
         saved = {name: os.environ.get(name) for name in chosen}

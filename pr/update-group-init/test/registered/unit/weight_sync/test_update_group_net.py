@@ -69,10 +69,12 @@ class TestInterfaceVariables(CustomTestCase):
         for name in (GLOO, NCCL):
             os.environ.pop(name, None)
 
-    def test_each_backend_gets_its_own_variable(self):
+    def test_a_gloo_group_is_bound_and_an_nccl_group_left_to_its_launch(self):
+        # NCCL reads its variable at the group's first collective, after the
+        # group is made: a variable set while it is made would bind nothing.
         route = Route("10.0.0.2", "eth7")
         self.assertEqual(interface_environment("gloo", route, {}), {GLOO: "eth7"})
-        self.assertEqual(interface_environment("NCCL", route, {}), {NCCL: "eth7"})
+        self.assertEqual(interface_environment("NCCL", route, {}), {})
         self.assertEqual(interface_environment("mpi", route, {}), {})
         self.assertEqual(interface_environment("gloo", Route("10.0.0.2", None)), {})
 
@@ -86,11 +88,11 @@ class TestInterfaceVariables(CustomTestCase):
 
     def test_the_variable_is_set_only_while_the_group_is_created(self):
         with self.assertRaises(RuntimeError):
-            with bound_to_route("nccl", Route("10.0.0.2", "eth7")) as chosen:
-                self.assertEqual((chosen, os.environ[NCCL]), ({NCCL: "eth7"}, "eth7"))
-                self.assertNotIn(GLOO, os.environ)
+            with bound_to_route("gloo", Route("10.0.0.2", "eth7")) as chosen:
+                self.assertEqual((chosen, os.environ[GLOO]), ({GLOO: "eth7"}, "eth7"))
+                self.assertNotIn(NCCL, os.environ)
                 raise RuntimeError("the group init failed")
-        self.assertNotIn(NCCL, os.environ)
+        self.assertNotIn(GLOO, os.environ)
 
 
 class TestTimeoutsAndAdvice(CustomTestCase):

@@ -546,16 +546,16 @@ async def health_generate(request: Request) -> Response:
     if _global_state.tokenizer_manager.server_status == ServerStatus.Starting:
         return Response(status_code=503)
 
-    # A weight update blocks generation: answer at once, unless it is stuck.
-    response = weight_update_health_response(_global_state.tokenizer_manager)
-    if response is not None:
-        return response
-
     if (
         not envs.SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION.get()
         and request.url.path == "/health"
     ):
         return Response(status_code=200)
+
+    # A weight update blocks generation: answer at once, unless it is stuck.
+    response = weight_update_health_response(_global_state.tokenizer_manager)
+    if response is not None:
+        return response
 
     sampling_params = {"max_new_tokens": 1, "temperature": 0.0}
     rid = f"{HEALTH_CHECK_RID_PREFIX}_{time.time()}"

@@ -790,11 +790,6 @@ async def health_generate(request: Request) -> Response:
     if _global_state.tokenizer_manager.server_status == ServerStatus.Starting:
         return Response(status_code=503)
 
-    # A weight update blocks generation: answer at once, unless it is stuck.
-    response = weight_update_health_response(_global_state.tokenizer_manager)
-    if response is not None:
-        return response
-
     # Let an external E2E driver establish a balanced DP batch before health traffic.
     if envs.SGLANG_DIAG_BYPASS_HEALTH_GENERATE.get() and request.url.path in (
         "/health",
@@ -807,6 +802,11 @@ async def health_generate(request: Request) -> Response:
         and request.url.path == "/health"
     ):
         return Response(status_code=200)
+
+    # A weight update blocks generation: answer at once, unless it is stuck.
+    response = weight_update_health_response(_global_state.tokenizer_manager)
+    if response is not None:
+        return response
 
     sampling_params = {"max_new_tokens": 1, "temperature": 0.0}
     # uuid keeps rids unique across tokenizer workers (a bare time.time() can
