@@ -6,7 +6,6 @@ included, to any caller, and the start-up log printed them.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Dict
 
 # Server arguments that carry a secret.
@@ -28,13 +27,3 @@ def redacted_value_repr(name: str, value: Any) -> str:
     """repr() of the server argument `name`, or REDACTED for a secret that is
     set."""
     return REDACTED if name in SECRET_SERVER_ARGS and value else repr(value)
-
-
-def redacted_repr(obj: Any) -> str:
-    """The dataclass repr of server arguments, secrets replaced."""
-    parts = [
-        f"{f.name}={redacted_value_repr(f.name, getattr(obj, f.name))}"
-        for f in dataclasses.fields(obj)
-        if f.repr
-    ]
-    return f"{type(obj).__name__}({', '.join(parts)})"

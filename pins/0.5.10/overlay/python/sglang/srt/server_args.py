@@ -69,7 +69,7 @@ from sglang.srt.utils.common import (
 )
 from sglang.srt.utils.hf_transformers_utils import check_gguf_file
 from sglang.srt.utils.network import NetworkAddress, get_free_port, wait_port_available
-from sglang.srt.utils.redaction import redacted_repr
+from sglang.srt.utils.redaction import redacted_value_repr
 from sglang.srt.utils.runai_utils import ObjectStorageModel, is_runai_obj_uri
 from sglang.srt.weight_sync.server_arg_checks import check_weight_update_args
 from sglang.utils import is_in_ci
@@ -751,7 +751,12 @@ class ServerArgs:
 
     def __repr__(self) -> str:
         # Logged at start-up and on updates: never print a key.
-        return redacted_repr(self)
+        values = ", ".join(
+            f"{field.name}={redacted_value_repr(field.name, getattr(self, field.name))}"
+            for field in dataclasses.fields(self)
+            if field.repr
+        )
+        return f"ServerArgs({values})"
 
     def __post_init__(self):
         """
