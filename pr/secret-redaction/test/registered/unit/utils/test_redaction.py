@@ -31,8 +31,9 @@ class TestRedaction(CustomTestCase):
         self.assertFalse(any("secret-" in str(v) for v in out.values()))
 
     def test_the_server_arguments_repr_shows_no_key(self):
-        # The start-up log prints it. (Resolving the arguments reads the
-        # model's config, which the repr does not need.)
+        # The start-up log prints it. (A release whose arguments resolve
+        # themselves on construction reads the model's config there, which
+        # the repr does not need.)
         with mock.patch.object(ServerArgs, "__post_init__", lambda self: None):
             args = ServerArgs(model_path="unused-model", api_key="key-one")
         text = repr(args)

@@ -1,6 +1,7 @@
 """Unit tests for admin weight operations failing on any TP rank — no
 server; the TP group's all-gather is replaced by the ranks' answers."""
 
+import asyncio
 import types
 import unittest
 from unittest import mock
@@ -11,6 +12,7 @@ from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
 maybe_stub_sgl_kernel()  # must precede io_struct, which pulls in sgl_kernel
 
 from sglang.srt.managers import weight_op_results
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.managers.weight_op_results import gather_rank_results
 from sglang.srt.managers.weight_update_health import (
     pause_watchdogs_during_weight_update,
@@ -108,6 +110,60 @@ class TestRankResults(CustomTestCase):
             handler_answering(output)(scheduler(), None)
         self.assertFalse(output.success)
         self.assertEqual(output.message, "bad path")
+
+
+def replica_output(dp_rank, success=True):
+    """What one DP replica's scheduler answers a load from disk."""
+    return types.SimpleNamespace(
+        success=success,
+        message=f"replica {dp_rank}",
+        num_paused_requests=0,
+        rank_results=[
+            {"rank": rank, "dp_rank": dp_rank, "success": success, "message": ""}
+            for rank in (0, 1)
+        ],
+    )
+
+
+async def load_from_disk_on_two_replicas(outputs):
+    """The tokenizer manager's wait for a load from disk, on a stand-in with
+    two DP replicas whose answers are `outputs`."""
+    manager = types.SimpleNamespace(
+        elastic_worker_count=2,
+        server_args=types.SimpleNamespace(dp_size=2),
+        send_to_scheduler=mock.Mock(),
+        _dispatch_to_scheduler=mock.Mock(),
+        _update_model_path_info=mock.Mock(),
+    )
+
+    async def answer():
+        while not isinstance(
+            getattr(manager, "model_update_result", None), asyncio.Future
+        ):
+            await asyncio.sleep(0)
+        manager.model_update_result.set_result(outputs)
+
+    replicas = asyncio.create_task(answer())
+    request = types.SimpleNamespace(model_path="m", load_format=None)
+    result = await asyncio.wait_for(
+        TokenizerManager._wait_for_model_update_from_disk(manager, request), 30
+    )
+    await replicas
+    return result
+
+
+class TestDiskLoadOnEveryReplica(CustomTestCase):
+    def test_a_load_from_disk_answers_every_rank_of_every_replica(self):
+        # Replicas answer in any order; the ranks come back by DP then TP rank.
+        result = asyncio.run(
+            load_from_disk_on_two_replicas([replica_output(1), replica_output(0)])
+        )
+        success, message, paused = result
+        self.assertTrue(success)
+        self.assertEqual(
+            [(r["dp_rank"], r["rank"]) for r in result.rank_results],
+            [(0, 0), (0, 1), (1, 0), (1, 1)],
+        )
 
 
 if __name__ == "__main__":

@@ -1484,7 +1484,10 @@ class TokenizerManager(
             all_message = [r.message for r in result]
             all_message = " | ".join(all_message)
             all_paused_requests = [r.num_paused_requests for r in result]
-            return all_success, all_message, all_paused_requests
+            return RankedResult(
+                (all_success, all_message, all_paused_requests),
+                rank_results_of(result),
+            )
 
     def configure_logging(self, obj: ConfigureLoggingReq):
         self.request_logger.configure(

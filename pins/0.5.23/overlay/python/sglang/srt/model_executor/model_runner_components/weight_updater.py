@@ -152,8 +152,9 @@ class WeightUpdater:
         )
         try:
             na = NetworkAddress(master_address, master_port)
-            # Bound to the interface that routes to the master (unless
-            # GLOO/NCCL_SOCKET_IFNAME is set); the whole init within timeout.
+            # A gloo group bound to the interface that routes to the master
+            # (unless GLOO_SOCKET_IFNAME is set; NCCL_SOCKET_IFNAME is set at
+            # launch); the whole init within timeout.
             self._model_update_group[group_name] = init_group_on_route(
                 lambda left: init_custom_process_group(
                     backend=backend,
