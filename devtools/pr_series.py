@@ -222,10 +222,20 @@ def definitions(lines: list[Line]) -> list[str | None]:
         elif not text[0].isspace() and not text.startswith((")", "]", "}")):
             current = None
         found.append(current)
-    fixed = set(range(len(lines))) - set(floating)
+    # For each line, the nearest line before and after it that is not floating.
+    floats = set(floating)
+    before_of: list[int | None] = []
+    nearest = None
+    for i in range(len(lines)):
+        before_of.append(nearest)
+        nearest = nearest if i in floats else i
+    after_of: list[int | None] = [None] * len(lines)
+    nearest = None
+    for i in reversed(range(len(lines))):
+        after_of[i] = nearest
+        nearest = nearest if i in floats else i
     for i in floating:
-        before = max((j for j in fixed if j < i), default=None)
-        after = min((j for j in fixed if j > i), default=None)
+        before, after = before_of[i], after_of[i]
         leads = lines[i].text.startswith(("#", "@")) and not lines[i].removed_by
         if before is not None and (
             after is None or (not leads and lines[before].origin == lines[i].origin)
